@@ -1,0 +1,202 @@
+"""Command line: ``coupling analyze`` (exact analysis of a draft/target pair) and ``coupling demo``.
+
+Examples
+--------
+::
+
+    coupling analyze --target 0.5,0.3,0.2 --draft 0.2,0.2,0.6
+    coupling analyze --target 1/3,2/3 --draft 2/3,1/3 --gamma 2      # Sun et al.'s example
+    coupling analyze --target 0.5,0.3,0.2 --draft 0.2,0.2,0.6 --drafts 3 --without-replacement --json
+    coupling demo --quick
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from .dist import check_pair, tv
+from .solve import SOLVERS, solve_coupling
+
+
+def parse_distribution(text: str, *, name: str) -> np.ndarray:
+    """Parse ``"0.5,0.3,0.2"`` or ``"1/3,2/3"`` into a float array (validated later)."""
+    try:
+        values = [float(Fraction(part.strip())) for part in text.split(",") if part.strip()]
+    except (ValueError, ZeroDivisionError) as exc:
+        raise ValueError(
+            f"--{name} must be comma-separated probabilities such as 0.5,0.3,0.2 or 1/3,2/3: {exc}"
+        ) from None
+    return np.asarray(values, dtype=np.float64)
+
+
+def analyze(
+    p: np.ndarray,
+    q: np.ndarray,
+    *,
+    k: int = 1,
+    replacement: bool = True,
+    gamma: int | None = None,
+    seed: int = 0,
+    solvers: tuple[str, ...] = SOLVERS,
+) -> dict[str, Any]:
+    """Exact analysis of one (target, draft) pair; the CLI prints what this returns."""
+    from .optimal import optimal_acceptance
+    from .rules import RULES
+
+    p, q = check_pair(p, q, names=("target", "draft"))
+    out: dict[str, Any] = {
+        "target": p.tolist(),
+        "draft": q.tolist(),
+        "k": k,
+        "replacement": replacement,
+        "tv": tv(p, q),
+        "lp": {},
+        "rules": {},
+    }
+    for solver in solvers:
+        t0 = time.perf_counter()
+        c = solve_coupling(p, q, k, replacement=replacement, solver=solver)
+        out["lp"][solver] = {
+            "acceptance": c.acceptance,
+            "status": c.status,
+            "seconds": time.perf_counter() - t0,
+        }
+    opt = optimal_acceptance(p, q, k, replacement=replacement)
+    out["optimal_acceptance"] = opt
+    for name, rule in RULES.items():
+        if not rule.supports(k, replacement):
+            continue
+        acc = rule.acceptance(p, q, k, replacement=replacement)
+        lo, hi = rule.bound(p, q, k, replacement=replacement)
+        out["rules"][name] = {
+            "acceptance": acc,
+            "ratio_to_optimum": acc / opt if opt > 0 else float("nan"),
+            "bound_low": lo,
+            "bound_high": hi,
+            "bound": rule.bound_text,
+        }
+    if gamma is not None:
+        out["block"] = _block_analysis(p, q, gamma=gamma, seed=seed)
+    return out
+
+
+def _block_analysis(p: np.ndarray, q: np.ndarray, *, gamma: int, seed: int) -> dict[str, Any]:
+    from .block import TabularLM, block_efficiency, optimal_block_efficiency
+
+    def const(dist: np.ndarray):
+        return lambda context: dist
+
+    V = p.size
+    res: dict[str, Any] = {"gamma": gamma, "seed": seed}
+    res["context_free"] = {
+        rule: block_efficiency(rule, const(p), const(q), gamma) for rule in ("token", "block")
+    }
+    if V**gamma <= 4096:
+        res["context_free"]["optimal_full_information"] = optimal_block_efficiency(
+            const(p), const(q), gamma
+        )
+    target = TabularLM(V, order=1, seed=seed)
+    draft = TabularLM(V, order=1, seed=seed + 1)
+    res["toy_model"] = {
+        "vocab_size": V,
+        "order": 1,
+        **{rule: block_efficiency(rule, target, draft, gamma) for rule in ("token", "block")},
+    }
+    return res
+
+
+def _print_analysis(res: dict[str, Any]) -> None:
+    k = res["k"]
+    mode = "i.i.d." if res["replacement"] else "without replacement"
+    print(f"target  = {np.round(res['target'], 6).tolist()}")
+    print(f"draft   = {np.round(res['draft'], 6).tolist()}")
+    print(f"drafts  = {k} ({mode})")
+    print(f"TV(target, draft) = {res['tv']:.12f}    1 - TV = {1 - res['tv']:.12f}")
+    print()
+    print("LP optimum of the membership-cost coupling (the oracle)")
+    for solver, r in res["lp"].items():
+        print(f"  {solver:<6} {r['acceptance']:.12f}   {r['seconds'] * 1e3:8.1f} ms   {r['status']}")
+    print(f"  closed-form optimum (min-cut scan): {res['optimal_acceptance']:.12f}")
+    print()
+    print(f"{'rule':<16}{'acceptance':>16}{'/ optimum':>12}   bound")
+    for name, r in res["rules"].items():
+        print(
+            f"{name:<16}{r['acceptance']:>16.12f}{r['ratio_to_optimum']:>12.6f}   "
+            f"{r['bound']}  [{r['bound_low']:.6f}, {r['bound_high']:.6f}]"
+        )
+    if "block" in res:
+        b = res["block"]
+        print()
+        print(f"Block efficiency (expected tokens per target call, gamma = {b['gamma']})")
+        for label, d in (("context-free (target, draft)", b["context_free"]),
+                         (f"toy TabularLM, V={b['toy_model']['vocab_size']}, seed={b['seed']}", b["toy_model"])):
+            print(f"  {label}")
+            for rule in ("token", "block", "optimal_full_information"):
+                if rule in d:
+                    print(f"    {rule:<26}{d[rule]:.12f}")
+
+
+def _cmd_analyze(args: argparse.Namespace) -> int:
+    p = parse_distribution(args.target, name="target")
+    q = parse_distribution(args.draft, name="draft")
+    res = analyze(
+        p,
+        q,
+        k=args.drafts,
+        replacement=not args.without_replacement,
+        gamma=args.gamma,
+        seed=args.seed,
+    )
+    if args.json:
+        print(json.dumps(res, indent=2))
+    else:
+        _print_analysis(res)
+    return 0
+
+
+def _cmd_demo(rest: list[str]) -> int:
+    from .llm.demo import main as demo_main
+
+    return int(demo_main(rest) or 0)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="coupling",
+        description="Speculative decoding as distribution coupling and optimal transport.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    a = sub.add_parser("analyze", help="exact analysis of a target/draft pair")
+    a.add_argument("--target", required=True, help="target probabilities, e.g. 0.5,0.3,0.2 or 1/3,2/3")
+    a.add_argument("--draft", required=True, help="draft probabilities over the same vocabulary")
+    a.add_argument("--drafts", type=int, default=1, metavar="K", help="number of drafts k (default 1)")
+    a.add_argument("--without-replacement", action="store_true", help="k distinct drafts")
+    a.add_argument("--gamma", type=int, default=None, help="also report block efficiency for blocks of G drafts")
+    a.add_argument("--seed", type=int, default=0, help="seed of the toy model used with --gamma")
+    a.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    sub.add_parser("demo", help="speculative decoding on a real small LLM (see `coupling demo --help`)",
+                   add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "demo":
+        return _cmd_demo(argv[1:])
+    args = build_parser().parse_args(argv)
+    try:
+        return _cmd_analyze(args)
+    except ValueError as exc:
+        print(f"coupling analyze: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
