@@ -159,27 +159,36 @@ def _transport_cvxpy(a: np.ndarray, b: np.ndarray, cost: np.ndarray) -> tuple[np
 
 
 def _cvxpy_solve(prob) -> str:
+    """Solve with cvxpy's default LP solver (Clarabel) at tight tolerances.
+
+    An interior-point method may stop at "optimal_inaccurate" on larger instances; then
+    the same model is handed to cvxpy's HiGHS interface. Anything else is an error.
+    """
     import cvxpy as cp
 
     installed = cp.installed_solvers()
-    try:
-        if "CLARABEL" in installed:
-            # tight tolerances: the oracle's answers must agree with the simplex to 1e-8
-            prob.solve(
-                solver="CLARABEL",
-                tol_gap_abs=1e-12,
-                tol_gap_rel=1e-12,
-                tol_feas=1e-12,
-                max_iter=500,
-            )
-        else:
-            prob.solve()
-    except cp.error.SolverError as exc:
-        raise SolverError(f"cvxpy failed: {exc}") from None
-    if prob.status not in (cp.OPTIMAL,):
-        raise SolverError(f"cvxpy did not certify optimality: status={prob.status!r}")
-    name = prob.solver_stats.solver_name if prob.solver_stats else "?"
-    return f"optimal (cvxpy/{name} status={prob.status})"
+    attempts = []
+    if "CLARABEL" in installed:
+        # tight tolerances: the oracle's answers must agree with the simplex to 1e-8
+        attempts.append(("CLARABEL", dict(tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10, max_iter=500)))
+    if "HIGHS" in installed:
+        attempts.append(("HIGHS", dict(primal_feasibility_tolerance=1e-10, dual_feasibility_tolerance=1e-10, output_flag=False)))
+    if not attempts:
+        attempts.append((None, {}))
+    tried = []
+    for solver, opts in attempts:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)  # "may be inaccurate": status decides
+                prob.solve(solver=solver, **opts)
+        except cp.error.SolverError as exc:
+            tried.append(f"{solver}: {exc}")
+            continue
+        if prob.status == cp.OPTIMAL:
+            name = prob.solver_stats.solver_name if prob.solver_stats else str(solver)
+            return f"optimal (cvxpy/{name} status={prob.status})"
+        tried.append(f"{solver}: status={prob.status}")
+    raise SolverError(f"cvxpy did not certify optimality: {'; '.join(tried)}")
 
 
 def solve_transport(
