@@ -27,12 +27,15 @@ from .solve import SOLVERS, solve_coupling
 
 def parse_distribution(text: str, *, name: str) -> np.ndarray:
     """Parse ``"0.5,0.3,0.2"`` or ``"1/3,2/3"`` into a float array (validated later)."""
-    try:
-        values = [float(Fraction(part.strip())) for part in text.split(",") if part.strip()]
-    except (ValueError, ZeroDivisionError) as exc:
-        raise ValueError(
-            f"--{name} must be comma-separated probabilities such as 0.5,0.3,0.2 or 1/3,2/3: {exc}"
-        ) from None
+    values = []
+    for part in (s.strip() for s in text.split(",")):
+        try:
+            values.append(float(Fraction(part)) if "/" in part else float(part))
+        except (ValueError, ZeroDivisionError) as exc:
+            raise ValueError(
+                f"--{name} must be comma-separated probabilities such as 0.5,0.3,0.2 or 1/3,2/3; "
+                f"could not read {part!r}: {exc}"
+            ) from None
     return np.asarray(values, dtype=np.float64)
 
 
@@ -60,6 +63,8 @@ def analyze(
         "lp": {},
         "rules": {},
     }
+    import ot  # noqa: F401  (imported before timing: its import alone takes ~1 s)
+
     for solver in solvers:
         t0 = time.perf_counter()
         c = solve_coupling(p, q, k, replacement=replacement, solver=solver)

@@ -1,0 +1,318 @@
+"""``coupling demo``: speculative sampling on a real LLM, every rule side by side.
+
+On a fixed set of chat prompts (``coupling/data/prompts.json``), the SmolLM2-135M-Instruct
+target generates with
+
+* plain autoregressive sampling (one target call per token; same cache code as the engine),
+* Hugging Face ``generate(assistant_model=draft, do_sample=True)`` with the very same draft,
+* the engine with each verification rule of :mod:`coupling.torch_backend` (rules the backend
+  lacks are skipped with the reason printed),
+
+all with the same sampling settings and per-prompt seeds, methods interleaved prompt by prompt
+(so machine-load drift hits every method alike). The table reports block efficiency (tokens per
+target verification call), the block efficiency the coupling analysis predicts from the (p, q)
+pairs seen along the run (:mod:`coupling.llm.predict` says exactly what is predicted),
+acceptance rate (accepted / drafted tokens), target calls, tokens/s and the speedup over
+autoregressive sampling measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+PROMPTS_FILE = Path(__file__).resolve().parent.parent / "data" / "prompts.json"
+
+
+@dataclass(frozen=True)
+class Method:
+    label: str
+    kind: str          # "ar" | "hf" | "engine"
+    rule: str = ""
+    k: int = 1
+    drafter: str = "trained"
+    replacement: bool = True
+
+
+FULL = [
+    Method("autoregressive", "ar"),
+    Method("hf_assisted", "hf"),
+    Method("token", "engine", "token", 1),
+    Method("block", "engine", "block", 1),
+    Method("kseq_k2", "engine", "kseq", 2),
+    Method("kseq_k4", "engine", "kseq", 4),
+    Method("rrs_k2", "engine", "rrs", 2),
+    Method("rrs_k4", "engine", "rrs", 4),
+    Method("optimal_k2", "engine", "optimal", 2),
+    Method("optimal_k4", "engine", "optimal", 4),
+    Method("gumbel", "engine", "gumbel", 1),
+    Method("token_ngram", "engine", "token", 1, drafter="ngram"),
+]
+QUICK = ["autoregressive", "hf_assisted", "token", "block", "kseq_k2", "gumbel"]
+
+
+def load_prompts() -> list[str]:
+    return json.loads(PROMPTS_FILE.read_text())["prompts"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="coupling demo", description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="3 prompts, 48 tokens, 6 methods")
+    ap.add_argument("--prompts", type=int, default=None, help="number of prompts (default 8)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default 96 (quick: 48)")
+    ap.add_argument("--gamma", type=int, default=4, help="drafted tokens per step")
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--top-k", type=int, default=0)
+    ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--methods", type=str, default=None,
+                    help="comma-separated subset of: " + ",".join(m.label for m in FULL))
+    ap.add_argument("--device", type=str, default="cpu")
+    ap.add_argument("--dtype", type=str, default="bfloat16")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--json", type=Path, default=None, help="write results as JSON here")
+    ap.add_argument("--plot", type=Path, default=None, help="write a PNG figure here")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap
+
+
+def run(args) -> dict:
+    """Run the comparison; return the JSON-able result dict."""
+    import torch
+    from tqdm import tqdm
+
+    from . import engine as E
+    from . import models, rules_adapter
+    from .sampling import SamplingConfig
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    n_prompts = args.prompts or (3 if args.quick else 8)
+    max_new = args.max_new_tokens or (48 if args.quick else 96)
+    wanted = (args.methods.split(",") if args.methods else (QUICK if args.quick else
+                                                             [m.label for m in FULL]))
+    by_label = {m.label: m for m in FULL}
+    unknown = [w for w in wanted if w not in by_label]
+    if unknown:
+        raise ValueError(f"--methods: unknown {unknown}; choose from {sorted(by_label)}")
+    methods = [by_label[w] for w in wanted]
+    if "autoregressive" not in wanted:
+        methods.insert(0, by_label["autoregressive"])  # the speedup baseline always runs
+    cfg = SamplingConfig(args.temperature, args.top_k, args.top_p)
+
+    t_load = time.perf_counter()
+    target = models.load_target(args.dtype, args.device)
+    draft = models.load_draft(target)
+    tok = models.load_tokenizer()
+    t_load = time.perf_counter() - t_load
+    V = target.config.vocab_size
+    eos = tok.eos_token_id
+
+    avail = rules_adapter.available()
+    skipped: dict[str, str] = {}
+    runnable = []
+    for m in methods:
+        if m.kind == "engine" and avail.get(m.rule) is not None:
+            skipped[m.label] = avail[m.rule]
+            print(f"[skip] {m.label}: {avail[m.rule]}")
+        else:
+            runnable.append(m)
+
+    prompts = load_prompts()[:n_prompts]
+    encoded = []
+    for text in prompts:
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                      add_generation_prompt=True)
+        encoded.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+
+    def drafter_for(m: Method):
+        if m.drafter == "ngram":
+            return E.NgramDrafter(V)
+        return E.ModelDrafter(draft)
+
+    def one(m: Method, prompt: list[int], seed: int, n: int):
+        if m.kind == "ar":
+            return E.autoregressive(target, prompt, max_new_tokens=n, cfg=cfg, seed=seed,
+                                    eos_token_id=eos)
+        if m.kind == "hf":
+            return E.hf_assisted(target, draft, prompt, max_new_tokens=n, cfg=cfg,
+                                 gamma=args.gamma, seed=seed, eos_token_id=eos)
+        return E.generate(target, drafter_for(m), prompt, max_new_tokens=n, rule=m.rule,
+                          gamma=args.gamma, k=m.k, cfg=cfg, seed=seed, eos_token_id=eos,
+                          replacement=m.replacement, predict=True)
+
+    # warm-up (first calls allocate, build kernels): not timed
+    for m in runnable:
+        try:
+            one(m, encoded[0], 12345, 8)
+        except Exception as exc:  # a backend rule that fails at run time is skipped, loudly
+            skipped[m.label] = f"{type(exc).__name__}: {exc}"
+            print(f"[skip] {m.label}: {skipped[m.label]}")
+    runnable = [m for m in runnable if m.label not in skipped]
+
+    acc = {m.label: dict(tokens=0, seconds=0.0, target_calls=0, steps=[], draft_s=0.0,
+                         target_s=0.0, draft_calls=0) for m in runnable}
+    bar = tqdm(total=len(encoded) * len(runnable), desc="demo", disable=args.no_progress,
+               file=sys.stderr)
+    for i, prompt in enumerate(encoded):
+        seed = args.seed + i
+        for m in runnable:
+            bar.set_postfix_str(m.label)
+            r = one(m, prompt, seed, max_new)
+            a = acc[m.label]
+            a["tokens"] += len(r.tokens)
+            a["seconds"] += r.seconds
+            a["target_calls"] += r.target_calls
+            a["steps"] += r.steps
+            a["draft_s"] += r.draft_seconds
+            a["target_s"] += r.target_seconds
+            a["draft_calls"] += r.draft_calls
+            bar.update(1)
+    bar.close()
+
+    ar_tps = acc["autoregressive"]["tokens"] / acc["autoregressive"]["seconds"]
+    rules_out, baselines = {}, {}
+    for m in runnable:
+        a = acc[m.label]
+        tps = a["tokens"] / a["seconds"]
+        if m.kind in ("ar", "hf"):
+            baselines[m.label] = {
+                "tokens_per_s": tps, "tokens": a["tokens"], "seconds": a["seconds"],
+                "target_calls": a["target_calls"],
+                "tokens_per_target_call": a["tokens"] / max(a["target_calls"], 1),
+                "speedup_vs_autoregressive": tps / ar_tps,
+            }
+            continue
+        steps = a["steps"]
+        drafted = sum(s.drafted for s in steps)
+        cond = [s.conditional for s in steps if not math.isnan(s.conditional)]
+        rules_out[m.label] = {
+            "rule": m.rule, "k": m.k, "drafter": m.drafter, "gamma": args.gamma,
+            "block_efficiency": float(np.mean([s.accepted + 1 for s in steps])),
+            "predicted_block_efficiency": float(np.mean([s.predicted for s in steps])),
+            "conditional_block_efficiency": float(np.mean(cond)) if cond else None,
+            "acceptance_rate": sum(s.accepted for s in steps) / drafted if drafted else None,
+            "mean_alpha": float(np.mean([x for s in steps for x in s.alpha])) if drafted else None,
+            "target_calls": a["target_calls"], "verify_steps": len(steps),
+            "tokens": a["tokens"], "seconds": a["seconds"], "tokens_per_s": tps,
+            "speedup_vs_autoregressive": tps / ar_tps,
+            "draft_calls": a["draft_calls"],
+            "draft_call_ms": 1e3 * a["draft_s"] / max(a["draft_calls"], 1),
+            "target_call_ms": 1e3 * a["target_s"] / max(a["target_calls"], 1),
+        }
+    ar = acc["autoregressive"]
+    return {
+        "models": {"target": models.TARGET_NAME, "draft": "1-layer distilled draft "
+                   f"({models.DRAFT_WEIGHTS.name}, shares embeddings/norm/head)",
+                   "dtype": args.dtype, "device": args.device,
+                   "target_params": models.param_count(target),
+                   "draft_own_params": models.param_count(draft, exclude_shared=True)},
+        "settings": {**cfg.as_dict(), "gamma": args.gamma, "max_new_tokens": max_new,
+                     "prompts": n_prompts, "seed": args.seed, "quick": bool(args.quick),
+                     "torch_threads": torch.get_num_threads(), "load_seconds": t_load,
+                     "machine": platform.processor() or platform.machine(),
+                     "cpu_count": os.cpu_count()},
+        "baselines": baselines,
+        "rules": rules_out,
+        "skipped": skipped,
+        "autoregressive_target_call_ms": 1e3 * ar["target_s"] / max(ar["target_calls"], 1),
+    }
+
+
+def format_table(res: dict) -> str:
+    head = (f"{'method':<14}{'k':>3}{'BE':>7}{'BE pred':>9}{'accept':>8}{'calls':>7}"
+            f"{'tok/s':>8}{'speedup':>9}")
+    lines = [head, "-" * len(head)]
+    for name, b in res["baselines"].items():
+        lines.append(f"{name:<14}{'':>3}{b['tokens_per_target_call']:>7.2f}{'-':>9}{'-':>8}"
+                     f"{b['target_calls']:>7d}{b['tokens_per_s']:>8.1f}"
+                     f"{b['speedup_vs_autoregressive']:>8.2f}x")
+    for name, r in res["rules"].items():
+        ar = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.3f}"
+        lines.append(f"{name:<14}{r['k']:>3}{r['block_efficiency']:>7.2f}"
+                     f"{r['predicted_block_efficiency']:>9.2f}{ar:>8}{r['target_calls']:>7d}"
+                     f"{r['tokens_per_s']:>8.1f}{r['speedup_vs_autoregressive']:>8.2f}x")
+    return "\n".join(lines)
+
+
+def plot(res: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    names = list(res["baselines"]) + list(res["rules"])
+    sp = [res["baselines"][n]["speedup_vs_autoregressive"] for n in res["baselines"]]
+    sp += [res["rules"][n]["speedup_vs_autoregressive"] for n in res["rules"]]
+    a1.barh(names, sp, color=["grey"] * len(res["baselines"]) + ["C0"] * len(res["rules"]))
+    a1.axvline(1.0, color="k", lw=0.8)
+    a1.set_xlabel("tokens/s relative to autoregressive (same run)")
+    a1.invert_yaxis()
+    meas = [res["rules"][n]["block_efficiency"] for n in res["rules"]]
+    pred = [res["rules"][n]["predicted_block_efficiency"] for n in res["rules"]]
+    a2.scatter(pred, meas)
+    for n, x, y in zip(res["rules"], pred, meas, strict=True):
+        a2.annotate(n, (x, y), fontsize=7)
+    lo, hi = min(pred + meas) * 0.95, max(pred + meas) * 1.05
+    a2.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    a2.set_xlabel("predicted block efficiency")
+    a2.set_ylabel("measured block efficiency")
+    s = res["settings"]
+    fig.suptitle(f"SmolLM2-135M, gamma={s['gamma']}, T={s['temperature']}, top-p={s['top_p']}, "
+                 f"{s['prompts']} prompts x {s['max_new_tokens']} tokens")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = _parser().parse_args(argv)
+    try:
+        res = run(args)
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"coupling demo: error: {exc}", file=sys.stderr)
+        return 2
+    s = res["settings"]
+    print(f"target: {res['models']['target']} ({res['models']['target_params'] / 1e6:.0f}M params, "
+          f"{res['models']['dtype']} on {res['models']['device']}); draft: "
+          f"{res['models']['draft']} ({res['models']['draft_own_params'] / 1e6:.1f}M own params)")
+    print(f"sampling: temperature={s['temperature']} top_k={s['top_k']} top_p={s['top_p']}; "
+          f"gamma={s['gamma']}; {s['prompts']} prompts x {s['max_new_tokens']} new tokens; "
+          f"seed={s['seed']}; {s['torch_threads']} threads")
+    tok_rule = res["rules"].get("token")
+    if tok_rule:
+        print(f"target call {tok_rule['target_call_ms']:.1f} ms, draft call "
+              f"{tok_rule['draft_call_ms']:.1f} ms (ratio "
+              f"{tok_rule['draft_call_ms'] / tok_rule['target_call_ms']:.2f})")
+    print(format_table(res))
+    print("BE = tokens per target verification call (HF: per target forward call); BE pred = "
+          "coupling prediction from the recorded (p, q) (coupling.llm.predict); accept = "
+          "accepted/drafted tokens; speedup = tokens/s over autoregressive in this run.")
+    for name, why in res["skipped"].items():
+        print(f"skipped {name}: {why}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=2))
+        print(f"wrote {args.json}")
+    if args.plot:
+        plot(res, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

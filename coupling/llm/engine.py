@@ -1,0 +1,454 @@
+"""Speculative generation on real Hugging Face causal LMs, gpt-fast style.
+
+One request (batch of one sequence); ``k`` draft branches run as a batch of ``k`` through the draft
+and the target. Four short functions do the work:
+
+``prefill``      feed the prompt (all but its last token) into a model's KV cache.
+``draft_block``  sample ``k`` branches of ``gamma`` tokens from the draft (k i.i.d. branches, or
+                 for ``rrs`` without replacement k *distinct* first tokens by successive sampling,
+                 each branch then a single chain), recording the exact laws ``q`` they came from.
+``verify``       one target call on ``[pending tokens, branch tokens]`` for all k branches
+                 (batch k), giving ``p`` along every branch, then the batched rule from
+                 :mod:`coupling.torch_backend` decides accepted length, branch and next token.
+``generate``     the loop; after each step both KV caches are rolled back (``DynamicCache.crop``
+                 with a negative count) to the longest prefix that is still the committed text,
+                 and the chosen branch is selected (``batch_select_indices``).
+
+Cache invariant: a :class:`CachedLM` knows exactly which tokens its cache holds
+(``self.tokens``); :meth:`CachedLM.sync` crops it to the longest common prefix with the committed
+sequence (keeping at least one token to feed, whose logits give the next law). Correctness of a
+rollback therefore never depends on off-by-one bookkeeping in the loop, and it is tested against a
+fresh recomputation (``tests/test_llm_real.py``).
+
+Laws. ``q`` and ``p`` are produced by :func:`coupling.llm.sampling.probs` with the *same*
+:class:`SamplingConfig` (temperature, top-k, top-p) in float32: ``q`` is the law drafts were
+really sampled from, ``p`` the law plain sampling uses. A point-mass drafter (n-gram) has
+``q = one_hot(token)``.
+
+Randomness: drafts use a ``torch.Generator`` seeded with ``seed``; the rules draw their uniforms
+from the backend's per-request generators keyed by ``(seed, absolute position)``. The
+autoregressive sampler in ``mode="gumbel"`` uses the backend's Gumbel noise at ``(seed, position)``
+so that, under one seed, ``gumbel`` verification and plain sampling emit the same stream.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from .sampling import SamplingConfig, probs
+
+MULTI_DRAFT_RULES = ("kseq", "rrs", "rrs_wor", "optimal")
+SINGLE_DRAFT_RULES = ("token", "block", "gumbel")
+
+
+class CachedLM:
+    """A causal LM plus a ``DynamicCache`` that knows which tokens it holds.
+
+    ``tokens`` is a list of token lists, one per batch row (1 row except between
+    :func:`draft_block` / :func:`verify` and :meth:`select`).
+    """
+
+    def __init__(self, model) -> None:
+        from transformers import DynamicCache
+
+        self.model = model
+        self.cache = DynamicCache()
+        self.tokens: list[list[int]] = [[]]
+        self.calls = 0
+        self.seconds = 0.0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def reset(self) -> None:
+        from transformers import DynamicCache
+
+        self.cache = DynamicCache()
+        self.tokens = [[]]
+
+    def sync(self, seq: list[int]) -> list[int]:
+        """Crop the cache to the longest common prefix with ``seq``; return the tokens to feed.
+
+        Keeps at most ``len(seq) - 1`` tokens so that at least one token is fed and the logits
+        of the next position come out of the next forward pass.
+        """
+        if len(self.tokens) != 1:
+            raise RuntimeError("sync needs a single-row cache; call select() after a branch step")
+        held = self.tokens[0]
+        n = 0
+        limit = min(len(held), len(seq) - 1)
+        while n < limit and held[n] == seq[n]:
+            n += 1
+        drop = len(held) - n
+        if drop:
+            self.cache.crop(-drop)  # transformers 5.x: a negative count of tokens to remove
+            self.tokens = [held[:n]]
+        return seq[n:]
+
+    @torch.no_grad()
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        """Append ``ids`` [rows, n] to the cache; return logits [rows, n, V] (model dtype)."""
+        if ids.shape[0] != len(self.tokens):
+            raise ValueError(f"ids has {ids.shape[0]} rows but the cache holds {len(self.tokens)}")
+        t0 = time.perf_counter()
+        out = self.model(input_ids=ids.to(self.device), cache=self.cache, use_cache=True)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        new = ids.tolist()
+        self.tokens = [held + row for held, row in zip(self.tokens, new, strict=True)]
+        return out.logits
+
+    def expand(self, rows: int) -> None:
+        """Repeat the single cached row ``rows`` times (branches share the committed prefix)."""
+        if rows == len(self.tokens):
+            return
+        if len(self.tokens) != 1:
+            raise RuntimeError("expand needs a single-row cache")
+        if self.cache.get_seq_length() > 0:
+            self.cache.batch_repeat_interleave(rows)
+        self.tokens = [list(self.tokens[0]) for _ in range(rows)]
+
+    def select(self, row: int) -> None:
+        """Keep only batch row ``row`` of the cache (the branch the verifier chose)."""
+        if len(self.tokens) == 1:
+            return
+        self.cache.batch_select_indices(torch.tensor([row], device=self.device))
+        self.tokens = [self.tokens[row]]
+
+
+def prefill(lm: CachedLM, prompt: list[int]) -> None:
+    """Put ``prompt[:-1]`` in the cache (the last prompt token is fed with the first step)."""
+    lm.reset()
+    if len(prompt) > 1:
+        lm.forward(torch.tensor([prompt[:-1]]))
+
+
+class Drafter(Protocol):
+    name: str
+
+    def reset(self, prompt: list[int]) -> None: ...
+
+    def propose(self, seq: list[int], gamma: int, k: int, cfg: SamplingConfig,
+                gen: torch.Generator, *, distinct_first: bool = False,
+                gumbel: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return drafts int64 [k, g] and their laws float32 [k, g, V] (g <= gamma, may be 0)."""
+        ...
+
+    def accept(self, branch: int) -> None: ...
+
+
+class ModelDrafter:
+    """Draft with a causal LM sharing the target's tokenizer (batch of k branches)."""
+
+    def __init__(self, model, name: str = "trained") -> None:
+        self.lm = CachedLM(model)
+        self.name = name
+
+    def reset(self, prompt: list[int]) -> None:
+        prefill(self.lm, prompt)
+
+    def propose(self, seq, gamma, k, cfg, gen, *, distinct_first=False, gumbel=None):
+        return draft_block(self.lm, seq, gamma, k, cfg, gen, distinct_first=distinct_first,
+                           gumbel=gumbel)
+
+    def accept(self, branch: int) -> None:
+        self.lm.select(branch)
+
+
+class NgramDrafter:
+    """Prompt lookup: continue the latest earlier occurrence of the last ``n`` tokens.
+
+    Tries n = ``max_n`` down to ``min_n``; proposes up to ``gamma`` tokens; q is a point mass.
+    With no match it proposes nothing and the step is a plain target step.
+    """
+
+    def __init__(self, vocab_size: int, max_n: int = 3, min_n: int = 1, name: str = "ngram"):
+        if not 1 <= min_n <= max_n:
+            raise ValueError(f"need 1 <= min_n <= max_n, got min_n={min_n}, max_n={max_n}")
+        self.vocab_size, self.max_n, self.min_n, self.name = vocab_size, max_n, min_n, name
+
+    def reset(self, prompt: list[int]) -> None:
+        pass
+
+    def lookup(self, seq: list[int], gamma: int) -> list[int]:
+        arr = np.asarray(seq)
+        for n in range(min(self.max_n, len(seq) - 1), self.min_n - 1, -1):
+            tail = arr[-n:]
+            # latest earlier occurrence whose continuation exists
+            for start in range(len(seq) - n - 1, -1, -1):
+                if np.array_equal(arr[start:start + n], tail):
+                    return [int(t) for t in arr[start + n:start + n + gamma]]
+        return []
+
+    def propose(self, seq, gamma, k, cfg, gen, *, distinct_first=False, gumbel=None):
+        if k != 1:
+            raise ValueError(f"k={k}: the n-gram drafter proposes a single branch; use k=1")
+        toks = self.lookup(seq, gamma)
+        dev = gen.device
+        q = torch.zeros(1, len(toks), self.vocab_size, device=dev)
+        t = torch.tensor([toks], dtype=torch.long, device=dev).reshape(1, len(toks))
+        if toks:
+            q[0, torch.arange(len(toks), device=dev), t[0]] = 1.0
+        return t, q
+
+    def accept(self, branch: int) -> None:
+        pass
+
+
+class NoDrafter:
+    """Proposes nothing: every step is one target call (used by the drafter-invariance test)."""
+
+    name = "none"
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def reset(self, prompt):
+        pass
+
+    def propose(self, seq, gamma, k, cfg, gen, *, distinct_first=False, gumbel=None):
+        dev = gen.device
+        return (torch.zeros(k, 0, dtype=torch.long, device=dev),
+                torch.zeros(k, 0, self.vocab_size, device=dev))
+
+    def accept(self, branch):
+        pass
+
+
+def _sample_rows(q: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One token per row of q [rows, V] (float32), using ``gen``."""
+    return torch.multinomial(q, 1, generator=gen).squeeze(-1)
+
+
+def draft_block(lm: CachedLM, seq: list[int], gamma: int, k: int, cfg: SamplingConfig,
+                gen: torch.Generator, *, distinct_first: bool = False,
+                gumbel: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample k branches of gamma tokens; return tokens [k, gamma] and laws q [k, gamma, V].
+
+    Position 1 is common to all branches (one forward at batch 1); then the cache is expanded
+    to k rows and positions 2..gamma run as batch-k single-token steps. With ``distinct_first``
+    the k first tokens are drawn without replacement (successive sampling from q_1). With
+    ``gumbel=(seed, position)`` drafts are Gumbel argmaxes from the backend's shared noise.
+    """
+    if gamma < 1:
+        raise ValueError(f"gamma={gamma} must be >= 1")
+    feed = lm.sync(seq)
+    logits = lm.forward(torch.tensor([feed], device=lm.device))[:, -1]  # [1, V]
+    q1 = probs(logits, cfg)                                   # [1, V] float32
+    qs = [q1.expand(k, -1)]
+    if gumbel is not None:
+        if k != 1:
+            raise ValueError("gumbel drafting is single-branch (k=1)")
+        x = _gumbel_draft(q1, gumbel[0], gumbel[1])
+    elif distinct_first:
+        if int((q1 > 0).sum()) < k:
+            raise ValueError(f"q has fewer than k={k} tokens in its support; lower k or top-k")
+        x = torch.multinomial(q1[0], k, replacement=False, generator=gen)
+    else:
+        x = _sample_rows(q1.expand(k, -1).contiguous(), gen)
+    toks = [x]
+    lm.expand(k)
+    for i in range(1, gamma):
+        logits = lm.forward(toks[-1][:, None])[:, -1]         # [k, V]
+        qi = probs(logits, cfg)
+        qs.append(qi)
+        if gumbel is not None:
+            toks.append(_gumbel_draft(qi, gumbel[0], gumbel[1] + i))
+        else:
+            toks.append(_sample_rows(qi, gen))
+    return torch.stack(toks, 1), torch.stack(qs, 1)
+
+
+def _gumbel_draft(q: torch.Tensor, seed: int, position: int) -> torch.Tensor:
+    from .rules_adapter import gumbel_draft
+
+    return gumbel_draft(q, seed, position).reshape(q.shape[0])
+
+
+@dataclass
+class StepRecord:
+    """One verification step: drafted length, accepted length, per-position laws' overlaps."""
+
+    drafted: int
+    accepted: int
+    branch: int
+    # alpha[i] = sum_x min(p_i, q_i) along the chosen branch, i = 1..drafted
+    alpha: list[float] = field(default_factory=list)
+    # rule-specific per-position acceptance (see coupling.llm.predict); filled when predicting
+    beta: list[float] = field(default_factory=list)
+    predicted: float = float("nan")      # predicted tokens for this call (coupling.llm.predict)
+    conditional: float = float("nan")    # E[accepted + 1 | drafts] (token and block rules)
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]                 # generated tokens (prompt excluded), EOS included if hit
+    steps: list[StepRecord]
+    target_calls: int
+    draft_calls: int
+    seconds: float
+    target_seconds: float
+    draft_seconds: float
+
+    @property
+    def block_efficiency(self) -> float:
+        """Mean tokens emitted per target call (accepted + 1), untruncated."""
+        return float(np.mean([s.accepted + 1 for s in self.steps])) if self.steps else 0.0
+
+    @property
+    def predicted_block_efficiency(self) -> float:
+        """Mean over steps of the predicted tokens per call (see coupling.llm.predict)."""
+        return float(np.mean([s.predicted for s in self.steps])) if self.steps else float("nan")
+
+    @property
+    def acceptance_rate(self) -> float:
+        """Accepted drafted tokens / drafted tokens."""
+        drafted = sum(s.drafted for s in self.steps)
+        return sum(s.accepted for s in self.steps) / drafted if drafted else float("nan")
+
+
+def verify(target: CachedLM, seq: list[int], drafts: torch.Tensor, q: torch.Tensor, rule: str,
+           cfg: SamplingConfig, seed: int, *, replacement: bool = True,
+           record=None) -> tuple[int, int, list[int], torch.Tensor]:
+    """One target call on all k branches; the backend rule decides. Returns
+    (accepted length m, chosen branch c, emitted tokens (m drafted + 1), p [k, g+1, V])."""
+    k, g = drafts.shape
+    feed = target.sync(seq)
+    target.expand(k)
+    ids = torch.cat([torch.tensor([feed], device=drafts.device).expand(k, -1), drafts], 1)
+    logits = target.forward(ids)[:, len(feed) - 1:]           # [k, g+1, V]
+    p = probs(logits, cfg)
+    position = len(seq)
+    from . import rules_adapter
+
+    m, c, emitted = rules_adapter.decide(rule, drafts, q, p, seed, position,
+                                         replacement=replacement)
+    target.select(c)
+    return m, c, emitted, p
+
+
+def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_new_tokens: int,
+             rule: str = "token", gamma: int = 4, k: int = 1, cfg: SamplingConfig | None = None,
+             seed: int = 0, eos_token_id: int | None = None, replacement: bool = True,
+             target: CachedLM | None = None, record_alpha: bool = True,
+             predict: bool = False) -> GenerationResult:
+    """Speculative sampling of up to ``max_new_tokens`` tokens after ``prompt``.
+
+    ``drafter=None`` or ``gamma=0`` gives plain autoregressive sampling through the same cache
+    code (``rule="gumbel"`` then samples with the backend's Gumbel noise at (seed, position)).
+    """
+    cfg = cfg or SamplingConfig()
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
+    if k < 1:
+        raise ValueError(f"k={k} must be >= 1")
+    if rule in SINGLE_DRAFT_RULES and k != 1:
+        raise ValueError(f"rule {rule!r} verifies one draft; use k=1 (multi-draft: "
+                         f"{MULTI_DRAFT_RULES})")
+    from . import rules_adapter
+
+    rules_adapter.check_available(rule)
+    tlm = target or CachedLM(target_model)
+    t0 = time.perf_counter()
+    tlm.calls, tlm.seconds = 0, 0.0
+    prefill(tlm, prompt)
+    d_calls0 = d_sec0 = 0
+    if drafter is not None and gamma > 0:
+        drafter.reset(prompt)
+        if isinstance(drafter, ModelDrafter):
+            d_calls0, d_sec0 = drafter.lm.calls, drafter.lm.seconds
+    gen = torch.Generator(device=tlm.device).manual_seed(seed)
+    seq = list(prompt)
+    steps: list[StepRecord] = []
+    distinct = rule == "rrs" and not replacement
+    while len(seq) - len(prompt) < max_new_tokens:
+        position = len(seq)
+        if drafter is not None and gamma > 0:
+            g = min(gamma, max_new_tokens - (len(seq) - len(prompt)))
+            gum = (seed, position) if rule == "gumbel" else None
+            drafts, q = drafter.propose(seq, g, k, cfg, gen, distinct_first=distinct, gumbel=gum)
+        else:
+            drafts, q = torch.zeros(1, 0, dtype=torch.long, device=tlm.device), None
+        if drafts.shape[1] == 0:
+            # nothing drafted (n-gram miss, no drafter): one plain target step
+            feed = tlm.sync(seq)
+            tlm.expand(1)
+            p = probs(tlm.forward(torch.tensor([feed], device=tlm.device))[:, -1], cfg)  # [1, V]
+            tok = rules_adapter.sample_target(rule, p, seed, position, gen)
+            m, c, emitted = 0, 0, [tok]
+            steps.append(StepRecord(0, 0, 0, predicted=1.0, conditional=1.0))
+        else:
+            m, c, emitted, p = verify(tlm, seq, drafts, q, rule, cfg, seed,
+                                      replacement=replacement)
+            drafter.accept(c)
+            rec = StepRecord(int(drafts.shape[1]), m, c)
+            if record_alpha:
+                # overlaps along the chosen branch, positions 1..g (the bonus law has no draft)
+                g_ = drafts.shape[1]
+                rec.alpha = torch.minimum(p[c, :g_].double(), q[c].double()).sum(-1).tolist()
+            if predict:
+                from . import predict as P
+
+                rec.beta = P.step_beta(rule, drafts, q, p, c, k, replacement)
+                rec.predicted = P.predicted_block_efficiency(rule, rec.beta)
+                if rule == "token":
+                    rec.conditional = P.conditional_token(drafts, q, p, c)
+                elif rule == "block":
+                    rec.conditional = rec.predicted
+            steps.append(rec)
+        seq.extend(emitted)
+        if eos_token_id is not None and eos_token_id in emitted:
+            seq = seq[: len(seq) - len(emitted) + emitted.index(eos_token_id) + 1]
+            break
+    out = seq[len(prompt):][:max_new_tokens]
+    d_calls = d_sec = 0
+    if isinstance(drafter, ModelDrafter):
+        d_calls, d_sec = drafter.lm.calls - d_calls0, drafter.lm.seconds - d_sec0
+    return GenerationResult(out, steps, tlm.calls, d_calls, time.perf_counter() - t0,
+                            tlm.seconds, d_sec)
+
+
+def autoregressive(target_model, prompt: list[int], *, max_new_tokens: int,
+                   cfg: SamplingConfig | None = None, seed: int = 0,
+                   eos_token_id: int | None = None, gumbel: bool = False,
+                   target: CachedLM | None = None) -> GenerationResult:
+    """Plain sampling from the target, one target call per token (same cache code)."""
+    return generate(target_model, None, prompt, max_new_tokens=max_new_tokens,
+                    rule="gumbel" if gumbel else "plain", gamma=0, cfg=cfg, seed=seed,
+                    eos_token_id=eos_token_id, target=target)
+
+
+def hf_assisted(target_model, draft_model, prompt: list[int], *, max_new_tokens: int,
+                cfg: SamplingConfig, gamma: int, seed: int = 0,
+                eos_token_id: int | None = None) -> GenerationResult:
+    """Hugging Face ``generate(assistant_model=draft, do_sample=True)`` with a constant
+    ``num_assistant_tokens = gamma`` (the same draft, the same sampling settings)."""
+    from .sampling import hf_kwargs
+
+    gc = draft_model.generation_config
+    gc.num_assistant_tokens = gamma
+    gc.num_assistant_tokens_schedule = "constant"
+    gc.assistant_confidence_threshold = 0.0
+    torch.manual_seed(seed)
+    ids = torch.tensor([prompt], device=next(target_model.parameters()).device)
+    calls = [0]
+    hook = target_model.register_forward_pre_hook(lambda *_: calls.__setitem__(0, calls[0] + 1))
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        out = target_model.generate(ids, attention_mask=torch.ones_like(ids),
+                                    assistant_model=draft_model, max_new_tokens=max_new_tokens,
+                                    min_new_tokens=0, eos_token_id=eos_token_id,
+                                    pad_token_id=eos_token_id, **hf_kwargs(cfg))
+    dt = time.perf_counter() - t0
+    hook.remove()
+    toks = out[0, len(prompt):].tolist()
+    if eos_token_id is not None and eos_token_id in toks:
+        toks = toks[: toks.index(eos_token_id) + 1]
+    # HF folds the prompt into its first verification call: tokens per target forward call
+    return GenerationResult(toks, [], calls[0], 0, dt, 0.0, 0.0)

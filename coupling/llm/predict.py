@@ -1,0 +1,124 @@
+r"""What the coupling analysis predicts for a run, from the (p, q) pairs actually seen.
+
+Each verification step records, along the chosen branch, the target laws
+:math:`p_1..p_{g+1}` and draft laws :math:`q_1..q_g` (at the drafted prefix). Two predictions
+of the block efficiency (tokens per target call) are computed per step and averaged over steps:
+
+``predicted`` (the table's column): per-position acceptance probabilities composed as if
+positions were independent,
+
+.. math:: \widehat{BE} = \sum_{j=0}^{g} \prod_{i=1}^{j} \beta_i
+          \qquad (\text{the } j = 0 \text{ term is } 1),
+
+with :math:`\beta_i` the rule's single-step acceptance probability on :math:`(p_i, q_i)`:
+
+* ``token``: :math:`\beta_i = \alpha_i = \sum_x \min(p_i(x), q_i(x)) = 1 - TV(p_i, q_i)`, the
+  maximal-coupling value (Leviathan et al.'s formula with position-wise alpha);
+* ``block``: block verification has no position-wise acceptance; its prediction is Sun et al.'s
+  identity :math:`P(\tau \ge i \mid X^i) = w_i` with
+  :math:`w_i = \min(w_{i-1} p_i(X_i)/q_i(X_i), 1)`, i.e. :math:`\widehat{BE} = 1 + \sum_i w_i`
+  (exact conditional expectation given the drafts; its average over steps is unbiased);
+* ``kseq``, ``rrs``, ``optimal`` with ``k`` branches: :math:`\beta_i` is the rule's closed-form
+  acceptance (``coupling.rules.<rule>.acceptance``; ``optimal``:
+  ``coupling.optimal.optimal_acceptance``) with :math:`k_i` drafts, where :math:`k_i` is the
+  number of branches that agree with the chosen branch on positions :math:`< i` (``k_1 = k``;
+  branches that share a prefix have i.i.d. continuations). ``rrs`` without replacement uses
+  ``replacement=False`` at position 1 and single chains (``k_i = 1``) after it;
+* ``gumbel``: :math:`\beta_i` is the exact Gumbel collision probability
+  :math:`\sum_x 1/\sum_j \max(p_j/p_x, q_j/q_x)` (independent noise at each position).
+
+``conditional`` (token only, reported in JSON): the exact expected tokens given the drafts,
+:math:`1 + \sum_{j=1}^{g} \prod_{i \le j} \min(1, p_i(X_i)/q_i(X_i))`; like block's, its
+average over steps is an unbiased estimate of the measured block efficiency. The gap between
+``predicted`` and ``conditional`` measures how much position-wise composition (which ignores
+that the drafted token and the next position's overlap are correlated) is off on real text.
+
+Closed forms run in numpy float64 on the union of the supports of :math:`p_i` and
+:math:`q_i` (tokens outside both carry no mass and change none of these quantities).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import numpy as np
+import torch
+
+
+def compose(beta: list[float] | np.ndarray) -> float:
+    """sum_{j=0}^{g} prod_{i<=j} beta_i (j = 0 term is 1)."""
+    out, prod = 1.0, 1.0
+    for b in beta:
+        prod *= float(b)
+        out += prod
+    return out
+
+
+def _support_pair(p: torch.Tensor, q: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    pd, qd = p.double(), q.double()
+    keep = (pd > 0) | (qd > 0)
+    pn, qn = pd[keep].numpy(), qd[keep].numpy()
+    return pn / pn.sum(), qn / qn.sum()
+
+
+def _acceptance_fn(rule: str):
+    if rule == "optimal":
+        from coupling.optimal import optimal_acceptance
+
+        return optimal_acceptance
+    mod = importlib.import_module(f"coupling.rules.{'rrs' if rule == 'rrs_wor' else rule}")
+    return mod.acceptance
+
+
+def step_beta(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, branch: int,
+              k: int, replacement: bool = True) -> list[float]:
+    """Per-position acceptance beta_i along the chosen branch (see module docstring).
+
+    drafts [k, g], q [k, g, V], p [k, g+1, V]; returns g floats. For ``block`` returns the
+    block weights w_1..w_g (so that :func:`compose`-free ``1 + sum(w)`` is its prediction).
+    """
+    g = drafts.shape[1]
+    c = branch
+    if rule == "block":
+        x = drafts[c]
+        px = p[c, :g].double().gather(-1, x[:, None]).squeeze(-1)
+        qx = q[c].double().gather(-1, x[:, None]).squeeze(-1)
+        w, out = 1.0, []
+        for r in (px / qx).tolist():
+            w = min(w * r, 1.0)
+            out.append(w)
+        return out
+    if rule == "token":
+        return torch.minimum(p[c, :g].double(), q[c].double()).sum(-1).tolist()
+    fn = _acceptance_fn(rule)
+    out = []
+    for i in range(g):
+        if rule in ("rrs_wor",) or (rule == "rrs" and not replacement):
+            ki, repl = (k, False) if i == 0 else (1, True)
+        elif k > 1:
+            ki = int((drafts[:, :i] == drafts[c, :i]).all(-1).sum()) if i else k
+            repl = True
+        else:
+            ki, repl = 1, True
+        pn, qn = _support_pair(p[c, i], q[c, i])
+        if ki == 1 and rule in ("kseq", "rrs", "rrs_wor", "optimal"):
+            out.append(float(np.minimum(pn, qn).sum()))  # every rule reduces to 1 - TV at k=1
+        else:
+            out.append(float(fn(pn, qn, ki, replacement=repl)))
+    return out
+
+
+def predicted_block_efficiency(rule: str, beta: list[float]) -> float:
+    """The step's predicted tokens per target call from :func:`step_beta`'s output."""
+    if rule == "block":
+        return 1.0 + float(sum(beta))
+    return compose(beta)
+
+
+def conditional_token(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, branch: int) -> float:
+    """E[accepted + 1 | drafts] for token verification: 1 + sum_j prod_{i<=j} min(1, r_i)."""
+    g = drafts.shape[1]
+    x = drafts[branch]
+    px = p[branch, :g].double().gather(-1, x[:, None]).squeeze(-1)
+    qx = q[branch].double().gather(-1, x[:, None]).squeeze(-1)
+    return compose(torch.clamp(px / qx, max=1.0).tolist())

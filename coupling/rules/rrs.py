@@ -1,0 +1,243 @@
+r"""``rrs``: recursive rejection sampling over ``k`` drafts.
+
+SpecInfer's multi-step speculative sampling (Miao et al. 2024), "Multi-candidate
+speculative decoding" (Yang et al. 2024) and "Recursive speculative decoding"
+(Jeon et al. 2024). Each draft in turn gets one speculative-sampling test against the
+*current* target, which after a rejection becomes the residual.
+
+Algorithm (what :func:`verify` does, step by step)
+--------------------------------------------------
+State: target :math:`r_0 = p`; draft law :math:`q_1 = q`.
+
+For ``i = 1..k``:
+
+1. ``x_i`` is the i-th draft; its law given the past is :math:`q_i`:
+   with replacement :math:`q_i = q`; without replacement (successive sampling,
+   e.g. Gumbel-top-k) :math:`q_i = q` with :math:`x_1..x_{i-1}` zeroed and renormalised,
+   :math:`q_i(y) = q(y) / (1 - \sum_{j<i} q(x_j))`.
+2. Draw ``u_i ~ U[0,1)``; accept (output ``x_i``, stop) iff
+   ``u_i * q_i(x_i) < r_{i-1}(x_i)``.
+3. Otherwise :math:`r_i = (r_{i-1} - q_i)_+ / \sum (r_{i-1} - q_i)_+`.
+
+If all ``k`` are rejected, draw ``u_res`` and output the inverse-CDF draw from
+:math:`r_k`.
+
+Why it is lossless: given the history up to step ``i`` the draft :math:`x_i` has law
+:math:`q_i`, so step ``i`` is a single-draft speculative-sampling step from proposal
+:math:`q_i` to target :math:`r_{i-1}`: its output, or on rejection the law of what
+follows (by induction, :math:`r_i`), mixes back to :math:`r_{i-1}`. Unrolling gives
+``p``. Without replacement, a rejected :math:`x_j` had :math:`r_{j-1}(x_j) < q_j(x_j)`,
+so :math:`r_j(x_j) = 0`: the residual never asks for an already drafted token.
+
+Acceptance (closed form)
+------------------------
+With replacement the residual chain does not depend on which tokens were rejected, so
+
+.. math:: \alpha = 1 - \prod_{i=1}^k \big(1 - \beta_i\big), \qquad
+          \beta_i = \sum_y \min(r_{i-1}(y), q(y)) = 1 - \mathrm{TV}(r_{i-1}, q),
+
+O(kV). Without replacement the chain depends on the rejected path; ``P(all rejected)``
+is a sum over rejection paths of :math:`\prod_i (q_i(x_i) - r_{i-1}(x_i))_+` times the
+last step's rejection mass. ``k = 2`` has an O(V log V) form (the first residual
+:math:`r_1` does not depend on :math:`x_1`, and the second step's rejection mass
+:math:`S(c) - c\,q(x_1)` with :math:`c = 1/(1-q(x_1))`,
+:math:`S(c) = \sum_y (c\,q(y) - r_1(y))_+`, is read off one sort of :math:`r_1/q`);
+``k >= 3`` enumerates rejection paths, cost O(V^k), and raises ``ValueError`` beyond
+:data:`MAX_PATH_WORK`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from ..dist import tuple_law
+from ._base import Rule, categorical, prepare, require_supported, sample_uniform
+
+__all__ = ["acceptance", "joint", "sample", "verify", "bound", "RULE", "MAX_PATH_WORK"]
+
+#: Largest V**k for the exact path enumeration (without replacement, k >= 3).
+MAX_PATH_WORK = 20_000_000
+
+BOUND_TEXT = ">= 1 - TV (its first step is speculative sampling) and <= OPT"
+
+
+def _supports(k: int, replacement: bool) -> bool:
+    return k >= 1
+
+
+def _next_residual(r: np.ndarray, qi: np.ndarray) -> np.ndarray:
+    d = np.maximum(r - qi, 0.0)
+    z = float(d.sum())
+    # z == 0 means this step accepts with probability 1: the residual is never used
+    return d / z if z > 0 else r
+
+
+def _check_wor(q: np.ndarray, k: int) -> None:
+    if np.count_nonzero(q) < k:
+        raise ValueError(
+            f"cannot draw k={k} distinct tokens without replacement: q has only "
+            f"{np.count_nonzero(q)} token(s) of positive probability; "
+            "lower k or use replacement=True"
+        )
+
+
+def acceptance(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True) -> float:
+    """Exact acceptance (closed form with replacement; see module doc for the cost without)."""
+    k = require_supported(RULE, k, replacement)
+    pa, qa, _ = prepare(p, q)
+    if replacement or k == 1:
+        r, reject = pa, 1.0
+        for _ in range(k):
+            reject *= 1.0 - float(np.minimum(r, qa).sum())
+            r = _next_residual(r, qa)
+        return float(1.0 - reject)
+    _check_wor(qa, k)
+    if k == 2:
+        return float(1.0 - _reject2_wor(pa, qa))
+    V = pa.size
+    if V**k > MAX_PATH_WORK:
+        raise ValueError(
+            f"rrs acceptance without replacement for k={k} enumerates rejection paths (cost V**k = "
+            f"{V**k:.3g} > {MAX_PATH_WORK:.3g}); "
+            "use k <= 2, replacement=True, or a smaller vocabulary"
+        )
+    return float(1.0 - _reject_paths(pa, qa, qa.copy(), 1.0, k))
+
+
+def _reject2_wor(p: np.ndarray, q: np.ndarray) -> float:
+    w1 = np.maximum(q - p, 0.0)  # P(draft x1 and reject it)
+    r1 = _next_residual(p, q)
+    m = q > 0
+    # S(c) = sum_y (c q_y - r1_y)_+ = c * Q(c) - R(c) over y with r1_y / q_y < c
+    ratio = np.where(m, r1 / np.where(m, q, 1.0), np.inf)
+    order = np.argsort(ratio)
+    rs = ratio[order]
+    cq = np.concatenate([[0.0], np.cumsum(q[order])])
+    cr = np.concatenate([[0.0], np.cumsum(r1[order])])
+    x1 = np.flatnonzero(w1 > 0)
+    c = 1.0 / (1.0 - q[x1])
+    n = np.searchsorted(rs, c, side="left")
+    S = c * cq[n] - cr[n]
+    # x1 itself is excluded from the second draw; r1(x1) = 0 and r1_x1/q_x1 = 0 < c, so it sits
+    # in S with term c q_x1
+    rej2 = np.maximum(S - c * q[x1], 0.0)
+    return float(min(1.0, (w1[x1] * rej2).sum()))
+
+
+def _reject_paths(r: np.ndarray, q: np.ndarray, qi: np.ndarray, mass: float, steps: int) -> float:
+    """P(all remaining ``steps`` rejected) times ``mass``; ``qi`` is the current draft law."""
+    w = np.maximum(qi - r, 0.0)  # per-token probability of "draft it and reject it"
+    if steps == 1:
+        return mass * float(w.sum())
+    r_next = _next_residual(r, qi)
+    total = 0.0
+    for x in np.flatnonzero(w > 0):
+        qn = qi.copy()
+        qn[x] = 0.0
+        z = qn.sum()
+        if z <= 0:
+            continue
+        total += _reject_paths(r_next, q, qn / z, mass * float(w[x]), steps - 1)
+    return total
+
+
+def _chain(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, replacement: bool):
+    """Yield (x_i, r_{i-1}, q_i) along the drafts, and finally the last residual."""
+    r = p
+    qi = q
+    steps = []
+    for i, x in enumerate(drafts):
+        x = int(x)
+        steps.append((x, r, qi))
+        r = _next_residual(r, qi)
+        if not replacement and i + 1 < drafts.size:
+            qn = qi.copy()
+            qn[x] = 0.0
+            qi = qn / qn.sum()
+    return steps, r
+
+
+def joint(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True) -> np.ndarray:
+    """Exact law ``[T, V]`` of (draft tuple, output), rows in ``tuple_law`` order."""
+    k = require_supported(RULE, k, replacement)
+    pa, qa, _ = prepare(p, q)
+    tuples, probs = tuple_law(qa, k, replacement=replacement)
+    T, V = tuples.shape[0], pa.size
+    J = np.zeros((T, V))
+    for t in range(T):
+        if probs[t] <= 0:
+            continue
+        steps, r_last = _chain(pa, qa, tuples[t], replacement)
+        surv = probs[t]
+        for x, r, qi in steps:
+            acc = min(1.0, r[x] / qi[x]) if qi[x] > 0 else 0.0
+            J[t, x] += surv * acc
+            surv *= 1.0 - acc
+        J[t] += surv * r_last
+    return J
+
+
+def verify(
+    p: np.ndarray,
+    q: np.ndarray,
+    drafts: np.ndarray,
+    u_accept: np.ndarray,
+    u_resid: float,
+    *,
+    replacement: bool = True,
+) -> int:
+    """Deterministic core (inputs assumed validated)."""
+    r = p
+    qi = q
+    for i in range(drafts.size):
+        x = int(drafts[i])
+        if u_accept[i] * qi[x] < r[x]:
+            return x
+        r = _next_residual(r, qi)
+        if not replacement and i + 1 < drafts.size:
+            qn = qi.copy()
+            qn[x] = 0.0
+            qi = qn / qn.sum()
+    return categorical(r, u_resid)
+
+
+def sample(
+    p: ArrayLike,
+    q: ArrayLike,
+    drafts: ArrayLike,
+    rng: np.random.Generator,
+    *,
+    replacement: bool = True,
+) -> int:
+    pa, qa, d = prepare(p, q, drafts)
+    require_supported(RULE, d.size, replacement)
+    if not replacement and np.unique(d).size != d.size:
+        raise ValueError(
+            f"drafts {d.tolist()} repeat a token but replacement=False promises distinct drafts; "
+            "pass replacement=True for i.i.d. drafts"
+        )
+    u = np.array([sample_uniform(rng) for _ in range(d.size)])
+    return verify(pa, qa, d, u, sample_uniform(rng), replacement=replacement)
+
+
+def bound(
+    p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True
+) -> tuple[float, float]:
+    from ..optimal import optimal_acceptance
+
+    k = require_supported(RULE, k, replacement)
+    pa, qa, _ = prepare(p, q)
+    return (float(np.minimum(pa, qa).sum()), optimal_acceptance(pa, qa, k, replacement=replacement))
+
+
+RULE = Rule(
+    name="rrs",
+    support_text="recursive rejection sampling supports any k >= 1, with or without replacement",
+    bound_text=BOUND_TEXT,
+    _supports=_supports,
+    _acceptance=acceptance,
+    _joint=joint,
+    _sample=sample,
+    _bound=bound,
+)

@@ -1,0 +1,223 @@
+"""Shared pieces of the batched verifiers: the result type, input validation, sampling."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+from .rng import STREAM_ACCEPT, STREAM_SAMPLE, keyed_uniforms, uniforms
+
+__all__ = [
+    "Verdict", "check_inputs", "sample_rows", "assemble", "coin_uniforms", "accept_uniforms",
+    "sample_uniforms", "MAX_DRAFTS",
+]
+
+
+class Verdict(NamedTuple):
+    """Outcome of verifying one block of drafts for each of ``B`` requests.
+
+    Attributes
+    ----------
+    accepted : int64 ``[B]``
+        Number ``n`` of drafted tokens accepted, ``0 <= n <= gamma``.
+    branch : int64 ``[B]``
+        The draft branch whose first ``n`` tokens are emitted (0 when ``k == 1``; when
+        several branches share the emitted prefix, the lowest index).
+    next_token : int64 ``[B]``
+        The token emitted after the accepted prefix: a residual sample when ``n < gamma``,
+        the bonus token from the target's last law when ``n == gamma`` (always present,
+        so every call emits ``n + 1`` tokens).
+    tokens : int64 ``[B, gamma + 1]``
+        ``drafts[b, branch[b], :n]`` then ``next_token[b]``, padded with ``-1``.
+    """
+
+    accepted: torch.Tensor
+    branch: torch.Tensor
+    next_token: torch.Tensor
+    tokens: torch.Tensor
+
+
+def _default_atol(dtype: torch.dtype) -> float:
+    # float32 softmax over ~1e5 tokens sums to 1 within ~1e-5; half precision far worse
+    if dtype == torch.float64:
+        return 1e-9
+    if dtype == torch.float32:
+        return 1e-4
+    return 2e-2
+
+
+def _check_probs(x: torch.Tensor, name: str, atol: float | None) -> None:
+    if not x.dtype.is_floating_point:
+        raise ValueError(f"{name} must be a floating tensor of probabilities, got dtype {x.dtype}")
+    if x.numel() == 0:
+        return
+    sums = x.sum(-1, dtype=torch.float64)
+    # NaN and +/-inf anywhere in a row make its sum non-finite: one pass catches both
+    if not bool(torch.isfinite(sums).all()):
+        raise ValueError(f"{name} contains NaN or inf; probabilities must be finite")
+    if bool((x.amin() < 0).item()):
+        raise ValueError(
+            f"{name} has negative entries; probabilities must be >= 0 "
+            "(did you pass logits? apply a softmax first)"
+        )
+    tol = _default_atol(x.dtype) if atol is None else atol
+    dev = float((sums - 1.0).abs().max().item())
+    if dev > tol:
+        raise ValueError(
+            f"{name} rows must sum to 1 over the vocabulary (last axis); the worst row is off "
+            f"by {dev:.3g} > atol={tol:g}; normalise (softmax) first or pass a larger atol"
+        )
+
+
+def _as_int_vector(x: torch.Tensor | int, name: str, B: int, device: torch.device) -> torch.Tensor:
+    t = torch.as_tensor(x, device=device)
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integers (int64), got dtype {t.dtype}")
+    t = t.to(torch.int64)
+    if t.ndim == 0:
+        t = t.expand(B)
+    if t.shape != (B,):
+        raise ValueError(f"{name} must have shape [B] = [{B}] (one per request), got {tuple(t.shape)}")
+    return t
+
+
+def check_inputs(
+    drafts: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    seeds: torch.Tensor | int,
+    positions: torch.Tensor | int,
+    *,
+    validate: bool = True,
+    atol: float | None = None,
+    max_k: int | None = None,
+    rule: str = "",
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Normalise shapes to ``drafts [B,k,g]``, ``p [B,k,g+1,V]``, ``q [B,k,g,V]`` and validate.
+
+    ``k == 1`` callers may drop the k axis (``drafts [B,g]``, ``p [B,g+1,V]``, ``q [B,g,V]``).
+    ``validate=False`` skips the value checks (finite, non-negative, normalised, drafted
+    tokens of positive draft probability), which each cost a pass over ``p`` and ``q``
+    and a device sync; the shape checks always run.
+    """
+    if not all(isinstance(t, torch.Tensor) for t in (drafts, p, q)):
+        raise ValueError("drafts, p and q must be torch tensors")
+    if drafts.ndim == 2 and p.ndim == 3 and q.ndim == 3:
+        drafts, p, q = drafts.unsqueeze(1), p.unsqueeze(1), q.unsqueeze(1)
+    if drafts.ndim != 3:
+        raise ValueError(
+            f"drafts must have shape [B, k, gamma] (or [B, gamma] with p [B, gamma+1, V] and "
+            f"q [B, gamma, V] for one branch), got {tuple(drafts.shape)}"
+        )
+    if drafts.dtype.is_floating_point or drafts.dtype == torch.bool or drafts.dtype.is_complex:
+        raise ValueError(f"drafts must hold integer token ids (int64), got dtype {drafts.dtype}")
+    B, k, g = drafts.shape
+    if p.ndim != 4 or q.ndim != 4:
+        raise ValueError(
+            f"p must be [B, k, gamma+1, V] and q [B, k, gamma, V]; got p {tuple(p.shape)}, q {tuple(q.shape)}"
+        )
+    V = p.shape[-1]
+    if tuple(p.shape) != (B, k, g + 1, V):
+        raise ValueError(
+            f"p must have shape [B, k, gamma+1, V] = [{B}, {k}, {g + 1}, V] (target laws at each "
+            f"draft position plus the bonus position), got {tuple(p.shape)}"
+        )
+    if tuple(q.shape) != (B, k, g, V):
+        raise ValueError(
+            f"q must have shape [B, k, gamma, V] = [{B}, {k}, {g}, {V}] (draft laws at each draft "
+            f"position), got {tuple(q.shape)}"
+        )
+    if V < 1:
+        raise ValueError("the vocabulary axis (last axis of p and q) is empty")
+    if k > MAX_DRAFTS:
+        raise ValueError(f"k={k} draft branches exceeds MAX_DRAFTS={MAX_DRAFTS}")
+    if max_k is not None and k > max_k:
+        raise ValueError(
+            f"rule {rule!r} verifies a single draft branch (k=1), got k={k}; "
+            "use a multi-draft rule (kseq, rrs, optimal, gumbel) for k > 1"
+        )
+    if p.device != drafts.device or q.device != drafts.device:
+        raise ValueError(
+            f"drafts, p and q must be on one device, got {drafts.device}, {p.device}, {q.device}"
+        )
+    seeds_t = _as_int_vector(seeds, "seeds", B, drafts.device)
+    pos_t = _as_int_vector(positions, "positions", B, drafts.device)
+    drafts = drafts.to(torch.int64)
+    if validate:
+        _check_probs(p, "p", atol)
+        _check_probs(q, "q", atol)
+        if drafts.numel():
+            if bool(((drafts < 0) | (drafts >= V)).any()):
+                raise ValueError(f"drafts has token ids outside [0, V) = [0, {V})")
+            qx = q.gather(-1, drafts.unsqueeze(-1))
+            if bool((qx <= 0).any()):
+                raise ValueError(
+                    "drafts contains token(s) with draft probability q = 0: they cannot have been "
+                    "drafted from q; pass the law the drafts were sampled from"
+                )
+        if bool((pos_t < 0).any()):
+            raise ValueError("positions must be >= 0 (absolute index of the first drafted token)")
+    return drafts, p, q, seeds_t, pos_t
+
+
+#: Largest number of draft branches; coin counters are ``offset * MAX_DRAFTS + branch``.
+MAX_DRAFTS = 256
+
+
+def coin_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int, k: int) -> torch.Tensor:
+    """``[B, g, k]`` float64: ``U(seed, t, STREAM_ACCEPT, i * MAX_DRAFTS + j)``, the acceptance
+    coin of branch ``j`` at drafted offset ``i``.
+
+    The layout does not depend on ``k``, so a multi-draft rule with ``k = 1`` uses exactly
+    the coins of ``token`` (and is coin-for-coin identical to it where the rules coincide).
+    """
+    i = torch.arange(g, device=seeds.device, dtype=torch.int64).view(1, g, 1)
+    j = torch.arange(k, device=seeds.device, dtype=torch.int64).view(1, 1, k)
+    return keyed_uniforms(seeds.view(-1, 1, 1), positions.view(-1, 1, 1), STREAM_ACCEPT, i * MAX_DRAFTS + j)
+
+
+def accept_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int) -> torch.Tensor:
+    """``[B, g]`` float64: branch 0's coins, ``U(seed, t, STREAM_ACCEPT, i * MAX_DRAFTS)``."""
+    return coin_uniforms(seeds, positions, g, 1)[:, :, 0]
+
+
+def sample_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int) -> torch.Tensor:
+    """``[B, g+1]`` float64: ``U(seed, t, STREAM_SAMPLE, n)``, for the token emitted at offset ``n``."""
+    return uniforms(seeds, positions, g + 1, stream=STREAM_SAMPLE)
+
+
+def sample_rows(weights: torch.Tensor, u: torch.Tensor, fallback: torch.Tensor | None = None) -> torch.Tensor:
+    """Inverse-CDF sample of one token per row of non-negative ``weights`` ``[N, V]``.
+
+    Row ``n`` returns the first index ``i`` with ``cdf[i] > u[n] * cdf[-1]`` (float64
+    cumulative sums), so a token of weight 0 is never returned. Rows whose total weight
+    is 0 sample from ``fallback`` instead (their conditioning event has probability 0 in
+    exact arithmetic; it can only be reached through float rounding).
+    """
+    w = weights.to(torch.float64)
+    cdf = w.cumsum(-1)  # [N, V]
+    total = cdf[:, -1]
+    if fallback is not None:
+        empty = total <= 0
+        if bool(empty.any()):
+            cdf = torch.where(empty.unsqueeze(-1), fallback.to(torch.float64).cumsum(-1), cdf)
+            total = cdf[:, -1]
+    # keep the target strictly below the total so the search always lands on a positive cell
+    target = torch.minimum(u.to(torch.float64) * total, torch.nextafter(total, torch.zeros_like(total)))
+    idx = torch.searchsorted(cdf, target.unsqueeze(-1), right=True).squeeze(-1)
+    return idx.clamp_(max=w.shape[-1] - 1)
+
+
+def assemble(
+    drafts: torch.Tensor, accepted: torch.Tensor, branch: torch.Tensor, next_token: torch.Tensor
+) -> Verdict:
+    """Build the :class:`Verdict` (``drafts`` is ``[B, k, g]``)."""
+    B, _, g = drafts.shape
+    rows = torch.arange(B, device=drafts.device)
+    chosen = drafts[rows, branch]  # [B, g]
+    tokens = torch.full((B, g + 1), -1, dtype=torch.int64, device=drafts.device)
+    col = torch.arange(g + 1, device=drafts.device).unsqueeze(0)  # [1, g+1]
+    tokens[:, :g] = torch.where(col[:, :g] < accepted.unsqueeze(1), chosen, tokens[:, :g])
+    tokens.scatter_(1, accepted.unsqueeze(1), next_token.unsqueeze(1))
+    return Verdict(accepted, branch, next_token, tokens)

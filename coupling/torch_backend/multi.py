@@ -1,0 +1,375 @@
+r"""Multi-draft verification along a block: ``kseq``, ``rrs``, ``optimal``, ``gumbel``.
+
+Draft tree
+----------
+Request ``b`` has ``k`` draft branches of ``g`` tokens each, ``drafts[b, j, :]``, with the
+draft and target laws along each branch (``q[b, j, i]``, ``p[b, j, i]``). With replacement
+(SpecTr / SpecInfer trees) the branches are i.i.d. continuations of the context; branches
+that share a prefix have i.i.d. continuations after it. Without replacement (``rrs``
+/``optimal`` with ``replacement=False``) the ``k`` first tokens are distinct (successive
+sampling from ``q_0``) and each branch then continues as a single chain.
+
+Verification walks the tree position by position (vectorised over the batch):
+
+* the *surviving* branches at offset ``i`` are those whose first ``i`` tokens equal the
+  emitted prefix (all ``k`` at ``i = 0``);
+* their tokens at offset ``i`` are i.i.d. draws from ``q_i`` along that prefix (the laws
+  ``p_i``, ``q_i`` are read from the lowest-index survivor; all survivors share them), so
+  the single-step multi-draft rule applies to them and emits ``y_i`` with law exactly
+  ``p_i`` (lossless by the rule's own guarantee);
+* if ``y_i`` equals the token of a survivor, the survivors shrink to the branches whose
+  token is ``y_i`` and the walk continues (this holds whichever way the rule produced
+  ``y_i``: the unobserved continuations of those branches are still i.i.d. ``q_{i+1}``);
+  otherwise ``y_i`` is the residual token and the walk stops;
+* a survivor at the end of the block gets the bonus token from its ``p_g``.
+
+Survivors are i.i.d. given the prefix because every decision so far depended only on
+tokens at earlier offsets and on independent coins. Without replacement the survivors
+after offset 0 are a single branch, and each single-step rule with one draft reduces to
+``token`` (and ``optimal``'s k = 1 rule *is* ``token``).
+
+Single-step rules (numpy references in :mod:`coupling.rules`, same conventions: strict
+``u * (.) < (.)`` tests, inverse-CDF residual draws, float64 arithmetic)
+
+``rrs`` (recursive rejection sampling): target ``r_0 = p``; for each surviving draft in
+branch order, accept iff ``u_j q_j(x_j) < r(x_j)``, else ``r <- norm((r - q_j)_+)``; with
+``replacement=False`` also ``q_{j+1} = q_j`` with ``x_j`` removed, renormalised. After all
+are rejected, draw from ``r``.
+
+``kseq`` (SpecTr k-sequential selection, i.i.d. drafts only): with ``m`` survivors and
+``rho = rho*(p, q, m)`` the smallest root in ``[1, m]`` of
+:math:`g(\rho) = \sum_y \min(\rho q, p) - (1 - (1 - \beta(\rho))^m)`,
+:math:`\beta(\rho) = \sum_y \min(q, p/\rho)`, accept the first survivor with
+``u_j rho q(x_j) < p(x_j)``; else draw from
+:math:`(p - c \min(q, p/\rho))_+` with :math:`c = (1 - (1-\beta)^m)/\beta`.
+``rho*`` is found as in :func:`coupling.rules.kseq.optimal_rho`: ``g`` at all breakpoints
+``p/q`` (one sort and cumulative sums per row, vectorised), then bisection on the
+bracketing segment, where :math:`\beta = A + C/\rho` has fixed ``A, C``.
+
+``optimal`` (LP-optimal acceptance): with one survivor it is ``token`` (optimal for k = 1,
+vectorised). With ``m >= 2`` survivors it samples the row of the draft tuple in an exact
+LP plan (:func:`coupling.rules.optimal.plan`, solved with POT on the enumerated tuple
+law): this is a per-request numpy LP, a Python loop over the affected rows, and it is
+limited to small vocabularies (``T * V <= MAX_PLAN_ENTRIES``). **There is no exact
+large-V sampler for k >= 2**; it raises ``ValueError`` rather than approximate.
+
+``gumbel`` (shared-noise Gumbel-max coupling, Daliri, Musco & Suresh 2024): the token at
+absolute position ``t + i`` is the target's Gumbel-max sample
+``y_i = argmax_v log p_i(v) + G(seed, t + i, v)`` (float64), the same noise the drafter
+uses in :func:`gumbel_draft`. Drafts are accepted while a survivor's token equals
+``y_i``; the first mismatch emits ``y_i``. The output never depends on ``q`` nor on the
+drafts (drafter invariance), only on ``p`` along the emitted prefix and the noise; it is
+lossless because each ``y_i`` is an exact sample of ``p_i`` and ``G(seed, t + i)`` is
+independent of everything that decided the prefix. Any ``k`` is supported.
+
+Randomness: coin of branch ``j`` at offset ``i``: ``U(seed, t, STREAM_ACCEPT, i*MAX_DRAFTS + j)``;
+residual / bonus / LP-row draw at offset ``i``: ``U(seed, t, STREAM_SAMPLE, i)``; Gumbel noise
+``G(seed, t + i, v)`` (stream ``STREAM_GUMBEL``), keyed by the token's absolute position.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ._common import Verdict, assemble, check_inputs, coin_uniforms, sample_rows, sample_uniforms
+from .rng import gumbel_noise
+
+__all__ = ["kseq", "rrs", "optimal", "gumbel", "gumbel_draft", "kseq_rho", "walk_tree"]
+
+# A single-step rule: (p_i [B,V], q_i [B,V], x [B,k], alive [B,k], coins [B,k], u [B], i) -> y [B]
+StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+def _first_true(mask: torch.Tensor) -> torch.Tensor:
+    """Index of the first True along the last axis (0 if none). ``[B, k] -> [B]``."""
+    return mask.to(torch.uint8).argmax(-1)
+
+
+def walk_tree(
+    step: StepFn,
+    drafts: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    coins: torch.Tensor,
+    u_sample: torch.Tensor,
+    bonus: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+) -> Verdict:
+    """Walk the draft tree (module doc) with a single-step rule ``step``.
+
+    ``drafts [B,k,g]``, ``p [B,k,g+1,V]``, ``q [B,k,g,V]``, ``coins [B,g,k]``, ``u_sample [B,g+1]``.
+    ``bonus(p_g [B,V], rows_u [B]) -> [B]`` draws the bonus token (default: inverse CDF).
+    """
+    B, k, g = drafts.shape
+    dev = drafts.device
+    rows = torch.arange(B, device=dev)
+    alive = torch.ones(B, k, dtype=torch.bool, device=dev)  # branch agrees with the emitted prefix
+    done = torch.zeros(B, dtype=torch.bool, device=dev)
+    accepted = torch.zeros(B, dtype=torch.int64, device=dev)
+    nxt = torch.zeros(B, dtype=torch.int64, device=dev)
+    branch = torch.zeros(B, dtype=torch.int64, device=dev)
+    for i in range(g):  # sequential: survivors at i depend on the token emitted at i-1
+        ref = _first_true(alive)  # [B] lowest surviving branch: its laws are the prefix's laws
+        x = drafts[:, :, i]  # [B, k]
+        y = step(p[rows, ref, i], q[rows, ref, i], x, alive, coins[:, i], u_sample[:, i], i)
+        hit = alive & (x == y.unsqueeze(1))  # [B, k] survivors that drafted y
+        go = hit.any(-1) & ~done
+        stop = ~hit.any(-1) & ~done
+        nxt = torch.where(stop, y, nxt)
+        branch = torch.where(stop, ref, branch)
+        accepted = accepted + go.to(torch.int64)
+        alive = torch.where(go.unsqueeze(1), hit, alive)
+        done = done | stop
+    ref = _first_true(alive)
+    p_end = p[rows, ref, g]  # [B, V]
+    y_end = bonus(p_end, u_sample[:, g]) if bonus is not None else sample_rows(p_end, u_sample[:, g])
+    nxt = torch.where(done, nxt, y_end)
+    branch = torch.where(done, branch, ref)
+    return assemble(drafts, accepted, branch, nxt)
+
+
+# --------------------------------------------------------------------------------- rrs
+def _rrs_step(replacement: bool) -> StepFn:
+    def step(p_i, q_i, x, alive, coins, u, i):
+        B, k = x.shape
+        r = p_i.to(torch.float64)  # [B, V] current target
+        qc = q_i.to(torch.float64)  # [B, V] current draft law
+        decided = torch.zeros(B, dtype=torch.bool, device=x.device)
+        y = torch.zeros(B, dtype=torch.int64, device=x.device)
+        for j in range(k):  # sequential by definition: each rejection changes the target
+            xj = x[:, j : j + 1]  # [B, 1]
+            test = alive[:, j] & ~decided
+            acc = test & (coins[:, j] * qc.gather(1, xj).squeeze(1) < r.gather(1, xj).squeeze(1))
+            y = torch.where(acc, xj.squeeze(1), y)
+            decided = decided | acc
+            rej = (test & ~acc).unsqueeze(1)
+            d = (r - qc).clamp_(min=0.0)
+            z = d.sum(-1, keepdim=True)
+            # z == 0: this step accepts with probability 1, the residual is never used
+            r = torch.where(rej & (z > 0), d / torch.where(z > 0, z, 1.0), r)
+            if not replacement:
+                qn = qc.scatter(1, xj, 0.0)
+                zq = qn.sum(-1, keepdim=True)
+                qc = torch.where(rej & (zq > 0), qn / torch.where(zq > 0, zq, 1.0), qc)
+        return torch.where(decided, y, sample_rows(r, u))
+
+    return step
+
+
+# -------------------------------------------------------------------------------- kseq
+def kseq_rho(p: torch.Tensor, q: torch.Tensor, m: torch.Tensor, iters: int = 80) -> torch.Tensor:
+    r"""Smallest :math:`\rho \in [1, m]` with :math:`g(\rho) \ge 0` per row (K-SEQ's rho*).
+
+    ``p, q`` float64 ``[B, V]``, ``m`` int ``[B]`` (number of drafts). Returns float64 ``[B]``.
+    ``rho = 1`` when ``m == 1``, when ``g(1) >= 0``, or when ``beta(1) = 0``.
+    """
+    B, V = p.shape
+    ratio = torch.where(q > 0, p / torch.where(q > 0, q, 1.0), torch.inf)
+    rs, order = ratio.sort(-1)  # ascending
+    ps, qs = p.gather(1, order), q.gather(1, order)
+    zero = torch.zeros(B, 1, dtype=torch.float64, device=p.device)
+    cp = torch.cat([zero, ps.cumsum(-1)], 1)  # [B, V+1] p-mass of the n smallest ratios
+    cq_tail = torch.cat([qs.flip(-1).cumsum(-1).flip(-1), zero], 1)  # q-mass from index n on
+    mf = m.to(torch.float64).clamp(min=1.0).unsqueeze(1)  # [B, 1]
+
+    def g_at(rho: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+        # n = number of tokens with ratio < rho: beta = q-mass above + p-mass below / rho
+        beta = cq_tail.gather(1, n) + cp.gather(1, n) / rho
+        return rho * beta - (1.0 - (1.0 - beta).clamp(min=0.0) ** mf)
+
+    # g at every breakpoint in [1, m] (ratios clamped into the interval, plus both ends)
+    cand = torch.cat([torch.ones_like(zero), rs.clamp(min=1.0).minimum(mf), mf], 1)  # [B, V+2] sorted
+    n_c = torch.searchsorted(rs, cand, right=False)
+    ok = g_at(cand, n_c) >= 0  # [B, V+2]
+    ok[:, -1] = True  # g(m) >= 0 in exact arithmetic (Bernoulli's inequality)
+    j = _first_true(ok)  # first breakpoint with g >= 0
+    lo = cand.gather(1, (j - 1).clamp(min=0).unsqueeze(1))
+    hi = cand.gather(1, j.unsqueeze(1))
+    # on (lo, hi] the tokens with ratio < rho are exactly those with ratio <= lo
+    n_seg = torch.searchsorted(rs, lo, right=True)
+    A, C = cq_tail.gather(1, n_seg), cp.gather(1, n_seg)
+
+    def g_seg(rho: torch.Tensor) -> torch.Tensor:
+        beta = A + C / rho
+        return rho * beta - (1.0 - (1.0 - beta).clamp(min=0.0) ** mf)
+
+    for _ in range(iters):  # bisection keeps g(hi) >= 0; [B]-sized ops only
+        mid = 0.5 * (lo + hi)
+        good = g_seg(mid) >= 0
+        hi = torch.where(good, mid, hi)
+        lo = torch.where(good, lo, mid)
+    beta1 = torch.minimum(p, q).sum(-1, keepdim=True)  # disjoint supports: nothing to accept
+    one = (j == 0).unsqueeze(1) | (mf <= 1.0) | (beta1 <= 0)
+    return torch.where(one, torch.ones_like(hi), hi).squeeze(1)
+
+
+def _kseq_step(p_i, q_i, x, alive, coins, u, i):
+    B, k = x.shape
+    p64, q64 = p_i.to(torch.float64), q_i.to(torch.float64)
+    m = alive.sum(-1)
+    rho = kseq_rho(p64, q64, m)  # [B]
+    decided = torch.zeros(B, dtype=torch.bool, device=x.device)
+    y = torch.zeros(B, dtype=torch.int64, device=x.device)
+    for j in range(k):
+        xj = x[:, j : j + 1]
+        acc = alive[:, j] & ~decided & (
+            coins[:, j] * rho * q64.gather(1, xj).squeeze(1) < p64.gather(1, xj).squeeze(1)
+        )
+        y = torch.where(acc, xj.squeeze(1), y)
+        decided = decided | acc
+    low = torch.minimum(q64, p64 / rho.unsqueeze(1))  # [B, V] min(q, p / rho)
+    beta = low.sum(-1, keepdim=True)
+    mf = m.to(torch.float64).clamp(min=1.0).unsqueeze(1)
+    c = (1.0 - (1.0 - beta).clamp(min=0.0) ** mf) / torch.where(beta > 0, beta, 1.0)
+    # clamp: rounding leaves -1e-17 where the residual is exactly 0 in exact arithmetic
+    res = torch.where(beta > 0, (p64 - c * low).clamp_(min=0.0), p64)
+    return torch.where(decided, y, sample_rows(res, u, fallback=p64))
+
+
+# ----------------------------------------------------------------------------- optimal
+def _optimal_step(replacement: bool) -> StepFn:
+    token_step = _rrs_step(True)  # with one draft, rrs is exactly the token rule
+
+    def step(p_i, q_i, x, alive, coins, u, i):
+        from ..rules import optimal as ref
+
+        y = token_step(p_i, q_i, x, alive & (torch.cumsum(alive, -1) == 1), coins, u, i)
+        multi = alive.sum(-1) >= 2
+        if not bool(multi.any()):
+            return y
+        # m >= 2 survivors: sample the draft tuple's row of an exact LP plan (numpy, per row)
+        y = y.clone()
+        idx = torch.nonzero(multi).squeeze(1).tolist()
+        P = p_i[idx].to(torch.float64).cpu().numpy()
+        Q = q_i[idx].to(torch.float64).cpu().numpy()
+        X, A, U = x[idx].cpu().numpy(), alive[idx].cpu().numpy(), u[idx].cpu().numpy()
+        for n, b in enumerate(idx):
+            pb, qb = P[n] / P[n].sum(), Q[n] / Q[n].sum()
+            out = ref.verify(pb, qb, X[n][A[n]], float(U[n]), replacement=replacement)
+            y[b] = out
+        return y
+
+    return step
+
+
+# ------------------------------------------------------------------------------ gumbel
+def gumbel_draft(q: torch.Tensor, seeds: torch.Tensor | int, positions: torch.Tensor | int) -> torch.Tensor:
+    """Drafter side of the Gumbel coupling: ``argmax_v log q[..., v] + G(seed, position, v)``.
+
+    ``q`` is ``[..., V]``; ``seeds`` and ``positions`` broadcast to ``q.shape[:-1]`` (e.g. a
+    ``[B]`` batch drafting the token at absolute position ``positions[b]``). float64.
+    """
+    if not isinstance(q, torch.Tensor) or not q.dtype.is_floating_point or q.ndim < 1:
+        raise ValueError("q must be a floating tensor [..., V] of draft probabilities")
+    s = torch.as_tensor(seeds, device=q.device)
+    t = torch.as_tensor(positions, device=q.device)
+    s, t = torch.broadcast_tensors(s, t)
+    s, t = s.expand(q.shape[:-1]), t.expand(q.shape[:-1])
+    G = gumbel_noise(s, t, q.shape[-1], dtype=torch.float64, device=q.device)
+    return torch.argmax(q.to(torch.float64).log() + G, -1)
+
+
+def _gumbel_target(p_rows: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """``argmax_v log p[b, v] + G(seeds[b], positions[b], v)`` (float64), ``[B, V] -> [B]``."""
+    G = gumbel_noise(seeds, positions, p_rows.shape[-1], dtype=torch.float64, device=p_rows.device)
+    return torch.argmax(p_rows.to(torch.float64).log() + G, -1)
+
+
+# ------------------------------------------------------------------------------ public
+def _multi(
+    rule: str,
+    drafts: torch.Tensor,
+    p: torch.Tensor,
+    q: torch.Tensor,
+    seeds,
+    positions,
+    *,
+    replacement: bool,
+    validate: bool,
+    atol: float | None,
+    accept_u: torch.Tensor | None,
+    sample_u: torch.Tensor | None,
+) -> Verdict:
+    drafts, p, q, seeds, positions = check_inputs(
+        drafts, p, q, seeds, positions, validate=validate, atol=atol, rule=rule
+    )
+    B, k, g = drafts.shape
+    if not replacement and validate and k > 1 and g > 0:
+        first = drafts[:, :, 0].sort(-1).values
+        if bool((first[:, 1:] == first[:, :-1]).any()):
+            raise ValueError(
+                "replacement=False promises k distinct first tokens (successive sampling), but some "
+                "request repeats one; pass replacement=True for i.i.d. branches"
+            )
+    coins = coin_uniforms(seeds, positions, g, k) if accept_u is None else accept_u.to(torch.float64)
+    u = sample_uniforms(seeds, positions, g) if sample_u is None else sample_u.to(torch.float64)
+    if coins.shape != (B, g, k) or u.shape != (B, g + 1):
+        raise ValueError(f"accept_u must be [B, gamma, k] = {(B, g, k)} and sample_u [B, gamma+1]")
+    if rule == "rrs":
+        step = _rrs_step(replacement)
+    elif rule == "kseq":
+        step = _kseq_step
+    else:
+        step = _optimal_step(replacement)
+    return walk_tree(step, drafts, p, q, coins, u)
+
+
+def rrs(drafts, p, q, *, seeds, positions, replacement: bool = True, validate: bool = True,
+        atol: float | None = None, accept_u=None, sample_u=None) -> Verdict:
+    """Recursive rejection sampling over a draft tree (module doc), batched.
+
+    ``drafts [B,k,g]``, ``p [B,k,g+1,V]``, ``q [B,k,g,V]``, ``seeds``/``positions`` ``[B]``;
+    ``replacement=False``: the k first tokens are distinct (successive sampling) and each
+    branch continues as a single chain. ``accept_u [B,g,k]`` / ``sample_u [B,g+1]`` override
+    the keyed uniforms (tests). Returns a :class:`Verdict`.
+    """
+    return _multi("rrs", drafts, p, q, seeds, positions, replacement=replacement, validate=validate,
+                  atol=atol, accept_u=accept_u, sample_u=sample_u)
+
+
+def kseq(drafts, p, q, *, seeds, positions, replacement: bool = True, validate: bool = True,
+         atol: float | None = None, accept_u=None, sample_u=None) -> Verdict:
+    """SpecTr k-sequential selection over a draft tree of i.i.d. branches (module doc), batched."""
+    if not replacement:
+        raise ValueError("kseq is defined for i.i.d. drafts only; use replacement=True (or rrs/optimal)")
+    return _multi("kseq", drafts, p, q, seeds, positions, replacement=True, validate=validate,
+                  atol=atol, accept_u=accept_u, sample_u=sample_u)
+
+
+def optimal(drafts, p, q, *, seeds, positions, replacement: bool = True, validate: bool = True,
+            atol: float | None = None, accept_u=None, sample_u=None) -> Verdict:
+    """LP-optimal verification over a draft tree (module doc).
+
+    One survivor: the token rule (vectorised). ``m >= 2`` survivors: exact LP-plan sampling,
+    numpy, per row, small vocabularies only (``ValueError`` beyond
+    :data:`coupling.rules.optimal.MAX_PLAN_ENTRIES`).
+    """
+    return _multi("optimal", drafts, p, q, seeds, positions, replacement=replacement,
+                  validate=validate, atol=atol, accept_u=accept_u, sample_u=sample_u)
+
+
+def gumbel(drafts, p, q=None, *, seeds, positions, validate: bool = True,
+           atol: float | None = None, **_ignored) -> Verdict:
+    """Gumbel-max coupling along a draft tree (module doc): emits the target's keyed
+    Gumbel-max stream; accepts drafts while they agree with it. ``q`` is only validated
+    (and may be None): the output does not depend on it."""
+    if q is None:  # the rule never reads q: validate against a uniform stand-in
+        if not isinstance(p, torch.Tensor) or p.ndim not in (3, 4) or not p.dtype.is_floating_point:
+            raise ValueError("p must be a floating tensor [B, k, gamma+1, V] (or [B, gamma+1, V])")
+        q = torch.full((*p.shape[:-2], p.shape[-2] - 1, p.shape[-1]), 1.0 / p.shape[-1],
+                       dtype=p.dtype, device=p.device)
+    drafts, p, q, seeds, positions = check_inputs(
+        drafts, p, q, seeds, positions, validate=validate, atol=atol, rule="gumbel")
+    B, k, g = drafts.shape
+    dummy_coins = torch.zeros(B, g, k, dtype=torch.float64, device=drafts.device)
+    dummy_u = torch.zeros(B, g + 1, dtype=torch.float64, device=drafts.device)
+
+    def step(p_i, q_i, x, alive, coins, u, i):
+        return _gumbel_target(p_i, seeds, positions + i)
+
+    def bonus(p_g, u):
+        return _gumbel_target(p_g, seeds, positions + g)
+
+    return walk_tree(step, drafts, p, q, dummy_coins, dummy_u, bonus=bonus)
+

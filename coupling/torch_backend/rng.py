@@ -1,0 +1,174 @@
+"""Counter-based randomness keyed by (seed, position): batch- and device-invariant.
+
+Why not one ``torch.Generator`` per request? A generator is stateful: the uniforms a
+request receives would depend on how many draws earlier requests (or earlier calls)
+consumed, i.e. on batching; and building ``B`` generators is a Python loop over the
+batch. Instead every uniform is a *pure function* of integers
+
+.. math::
+
+    U(s, t, c, j) = \\big(\\lfloor h(s, t, c, j) / 2^{11} \\rfloor + \\tfrac12\\big)\\, 2^{-53}
+    \\in (0, 1),
+
+where ``s`` is the request's seed, ``t`` an absolute sequence position (the position of
+the first drafted token of a verification call; for Gumbel noise, the position of the
+token the noise decides), ``c`` a *stream* id (acceptance tests, residual samples, Gumbel
+noise, ...; see the ``STREAM_*`` constants) and ``j`` a counter inside the stream (offset
+in the block, draft index, vocabulary index). The hash chains the SplitMix64 finaliser ``m`` (Steele, Lea & Flood,
+"Fast splittable pseudorandom number generators", OOPSLA 2014)::
+
+    h = m(m(m(m(s + g) ^ (t + g)) ^ (c + g)) ^ (j + g)),   g = 0x9E3779B97F4A7C15
+
+on wrapping uint64 arithmetic (emulated on int64 tensors; right shifts are masked to
+be logical). Each stage is a bijection of its xor-ed input, so for a fixed prefix of
+the key distinct ``t`` (or ``c``, ``j``) give distinct hashes. A request at position
+``t`` therefore draws the same uniforms whatever the batch size, the batch order, the
+device (the arithmetic is exact integer arithmetic) or the history of other requests.
+Start positions strictly increase along a request, so successive verification calls of
+one request never share a coin.
+The uniforms lie strictly inside (0, 1) on a grid of step ``2**-53``, so ``-log(u)``
+and ``-log(-log(u))`` are always finite.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "STREAM_ACCEPT",
+    "STREAM_SAMPLE",
+    "STREAM_GUMBEL",
+    "STREAM_DRAFT",
+    "keyed_hash",
+    "keyed_uniforms",
+    "uniforms",
+    "gumbel_noise",
+]
+
+#: acceptance tests (one uniform per drafted position, counter = draft index)
+STREAM_ACCEPT = 0
+#: residual / bonus sampling by inverse CDF (counter = rule-specific sub-step)
+STREAM_SAMPLE = 1
+#: Gumbel noise for the Gumbel-max coupling (counter = vocabulary index)
+STREAM_GUMBEL = 2
+#: free for drafters that want keyed randomness of their own
+STREAM_DRAFT = 3
+
+
+def _signed(c: int) -> int:
+    """The int64 bit pattern of the uint64 constant ``c``."""
+    return c - (1 << 64) if c >= (1 << 63) else c
+
+
+_GOLDEN = _signed(0x9E3779B97F4A7C15)
+_M1 = _signed(0xBF58476D1CE4E5B9)
+_M2 = _signed(0x94D049BB133111EB)
+
+
+def _srl(z: torch.Tensor, s: int) -> torch.Tensor:
+    # logical right shift on int64: torch's >> is arithmetic (sign-extending)
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64 finaliser (a bijection of uint64), on int64 with wrapping products."""
+    z = (z ^ _srl(z, 30)) * _M1
+    z = (z ^ _srl(z, 27)) * _M2
+    return z ^ _srl(z, 31)
+
+
+def keyed_hash(
+    seed: torch.Tensor, position: torch.Tensor, stream: torch.Tensor | int, counter: torch.Tensor | int
+) -> torch.Tensor:
+    """``h(seed, position, stream, counter)`` as int64 (uint64 bit pattern); broadcasts."""
+    h = _mix(seed + _GOLDEN)
+    h = _mix(h ^ (position + _GOLDEN))
+    h = _mix(h ^ (stream + _GOLDEN))
+    return _mix(h ^ (counter + _GOLDEN))
+
+
+def _to_unit(h: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
+    # top 53 bits, centred in their cell: strictly inside (0, 1)
+    return (_srl(h, 11).to(torch.float64) + 0.5).mul_(2.0**-53).to(dtype)
+
+
+def _as_key(x: torch.Tensor | int, name: str, device: torch.device | None) -> torch.Tensor:
+    t = torch.as_tensor(x, device=device)
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
+        raise ValueError(f"{name} must hold integers (int64), got dtype {t.dtype}")
+    return t.to(torch.int64)
+
+
+def keyed_uniforms(
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    stream: int,
+    counter: torch.Tensor | int = 0,
+    *,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Float64 uniforms ``U(seeds, positions, stream, counter)`` (broadcast shapes)."""
+    dev = torch.device(device) if device is not None else None
+    s = _as_key(seeds, "seeds", dev)
+    t = _as_key(positions, "positions", s.device)
+    c = _as_key(counter, "counter", s.device)
+    return _to_unit(keyed_hash(s, t, int(stream), c))
+
+
+def uniforms(
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    n: int,
+    *,
+    stream: int = STREAM_ACCEPT,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """``n`` uniforms per request for one verification call.
+
+    Returns float64 ``[B, n]`` with ``out[b, j] = U(seeds[b], positions[b], stream, j)``:
+    request ``b`` verifying a block that starts at absolute position ``t`` always receives
+    the same numbers, whatever the batch it is in.
+
+    Why the call's start position and not each token's own position: block verification
+    looks at the coins of *every* drafted position, including those past the accepted
+    prefix, and the next call starts inside that range. Keying by (start, offset) gives
+    every call fresh coins (start positions strictly increase along a request), so no
+    coin that influenced one decision is reused by a later one.
+    """
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ValueError(f"n must be a non-negative int, got {n!r}")
+    dev = torch.device(device) if device is not None else None
+    s = _as_key(seeds, "seeds", dev).reshape(-1, 1)
+    t = _as_key(positions, "positions", s.device).reshape(-1, 1)
+    j = torch.arange(n, device=s.device, dtype=torch.int64)
+    return _to_unit(keyed_hash(s, t, int(stream), j))
+
+
+def gumbel_noise(
+    seeds: torch.Tensor,
+    positions: torch.Tensor,
+    vocab_size: int,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """Standard Gumbel noise ``G[..., v] = -log(-log U(seed, position, STREAM_GUMBEL, v))``.
+
+    ``seeds`` and ``positions`` broadcast against each other (e.g. ``[B, 1]`` and
+    ``[B, n]``); the result has their broadcast shape plus a trailing ``[V]`` axis.
+    The drafter and the verifier call this with the same (seed, position) and get the
+    same ``G`` bit for bit (integer hashing, then the same float ops on the same device).
+    """
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
+        raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
+    dev = torch.device(device) if device is not None else None
+    s = _as_key(seeds, "seeds", dev)
+    t = _as_key(positions, "positions", s.device)
+    s, t = torch.broadcast_tensors(s, t)
+    v = torch.arange(vocab_size, device=s.device, dtype=torch.int64)
+    # hash the (seed, position, stream) prefix once per row, the vocabulary index per entry
+    h = _mix(_mix(_mix(s + _GOLDEN) ^ (t + _GOLDEN)) ^ (STREAM_GUMBEL + _GOLDEN))
+    h = _mix(h.unsqueeze(-1) ^ (v + _GOLDEN))
+    u = _to_unit(h, torch.float64)
+    # -log(-log u) in float64 then cast: the noise is identical on every call
+    return u.log_().neg_().log_().neg_().to(dtype)

@@ -1,0 +1,246 @@
+#!/usr/bin/env python
+"""Train the 1-layer SmolLM2 draft by distillation; reproduces coupling/data/draft_smollm2.safetensors.
+
+Method
+------
+1. Corpus: the target (SmolLM2-135M-Instruct, bf16, CPU) answers varied chat prompts built from
+   the templates below (disjoint from the demo's prompts in ``coupling/data/prompts.json``),
+   sampling at temperature 1 in batches. At every generated position we store the target's
+   top-``K`` next-token log-probabilities (the full softmax, restricted to its top K entries).
+2. Distillation: the draft is a ``LlamaForCausalLM`` with one decoder layer (initialised from
+   target layer 0) that *shares* the target's embeddings, final norm and LM head (frozen); only
+   its layer is trained. The loss is the forward KL between the target and the draft after
+   coarsening the vocabulary to the target's top-K tokens plus one "tail" bucket:
+
+       L = - sum_{i in topK} p_i log q_i  - (1 - sum_{topK} p) log(1 - sum_{topK} q)   (+ const)
+
+   which is an exact KL of the coarsened laws (so it never rewards mass leaking into the tail).
+3. Report: mean sum_x min(p, q) on held-out positions at temperature 1, before and after.
+
+Only the draft's own tensors (one decoder layer, ~7 MB in bf16) are written.
+
+Usage: ``python scripts/train_draft.py [--minutes-train 8] [--n-prompts 192] [--new-tokens 160]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from coupling.llm import models
+
+TOPICS = [
+    "photosynthesis", "the French Revolution", "black holes", "machine learning", "the water cycle",
+    "volcanoes", "the Roman Empire", "climate change", "the human immune system", "jazz music",
+    "the stock market", "quantum computing", "honey bees", "the printing press", "electric cars",
+    "the Great Wall of China", "sleep", "coffee", "chess", "the Internet", "vaccines", "recycling",
+    "the Moon landing", "dinosaurs", "renewable energy", "the Olympic Games", "cryptography",
+    "ancient Egypt", "plate tectonics", "friendship", "public libraries", "bicycles", "tea",
+]
+TEMPLATES = [
+    "Write a detailed essay about {t}.",
+    "Explain {t} to a ten-year-old.",
+    "Write a short story that involves {t}.",
+    "List ten interesting facts about {t}, with a sentence of explanation each.",
+    "What are the main arguments for and against {t}? Answer in several paragraphs.",
+    "Write a blog post introducing {t} to beginners.",
+    "Describe the history of {t} step by step.",
+    "Write a poem about {t}, then explain its imagery.",
+]
+CODE_PROMPTS = [
+    "Write a Python function that {t}, with comments and a usage example.",
+]
+CODE_TASKS = [
+    "reverses a linked list", "computes prime numbers up to n", "parses a CSV file",
+    "implements binary search", "counts word frequencies in a text", "merges two sorted lists",
+    "validates an email address", "computes the Fibonacci sequence with memoization",
+]
+
+
+def corpus_prompts(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    pool = [tpl.format(t=t) for tpl in TEMPLATES for t in TOPICS]
+    pool += [tpl.format(t=t) for tpl in CODE_PROMPTS for t in CODE_TASKS]
+    rng.shuffle(pool)
+    # More prompts than templates: cycle, so each prompt gets several independent samples.
+    return [pool[i % len(pool)] for i in range(n)]
+
+
+@torch.no_grad()
+def generate_corpus(target, tok, prompts, new_tokens, batch, top_k, seed):
+    """Sample continuations; return per-sequence (ids, n_prompt, topk_idx, topk_logp)."""
+    from tqdm import tqdm
+
+    tok.padding_side = "left"
+    torch.manual_seed(seed)
+    out = []
+    for b in tqdm(range(0, len(prompts), batch), desc="corpus"):
+        texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                         add_generation_prompt=True) for p in prompts[b:b + batch]]
+        enc = tok(texts, return_tensors="pt", padding=True)
+        g = target.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+                            max_new_tokens=new_tokens, return_dict_in_generate=True,
+                            output_logits=True, pad_token_id=tok.pad_token_id)
+        logits = torch.stack(g.logits, 1).float()                # [B, T, V] raw target logits
+        logp = torch.log_softmax(logits, -1)
+        vals, idx = logp.topk(top_k, -1)
+        seqs = g.sequences[:, enc.input_ids.shape[1]:]
+        for i in range(seqs.shape[0]):
+            n_pad = int((enc.attention_mask[i] == 0).sum())
+            prompt_ids = enc.input_ids[i, n_pad:]
+            gen = seqs[i]
+            stop = (gen == tok.eos_token_id).nonzero()
+            n_gen = int(stop[0]) + 1 if len(stop) else gen.shape[0]
+            out.append(dict(ids=torch.cat([prompt_ids, gen[:n_gen]]), n_prompt=len(prompt_ids),
+                            idx=idx[i, :n_gen].to(torch.int32), logp=vals[i, :n_gen].half()))
+    return out
+
+
+def coarse_kl_loss(draft_logits, idx, logp_t, mask):
+    """KL(p || q) on the coarsened vocabulary {top-K of p} + {tail}, averaged over mask."""
+    logq = torch.log_softmax(draft_logits.float(), -1)
+    p = logp_t.float().exp()                                       # [N, K]
+    lq = logq.gather(-1, idx.long())                               # [N, K]
+    p_tail = (1 - p.sum(-1)).clamp_min(0)
+    q_tail = (1 - lq.exp().sum(-1)).clamp_min(1e-9)
+    ce = -(p * lq).sum(-1) - p_tail * q_tail.log()
+    return (ce * mask).sum() / mask.sum()
+
+
+@torch.no_grad()
+def agreement(draft, data, temperature=1.0, max_seq=24):
+    """Mean sum_x min(p_x, q_x) over stored positions (p restricted to its top K: a lower bound)."""
+    tot, n = 0.0, 0
+    for s in data[:max_seq]:
+        ids = s["ids"][None]
+        logits = draft(ids).logits[0, s["n_prompt"] - 1:-1].float()
+        q = torch.softmax(logits / temperature, -1)
+        p = torch.softmax(s["logp"].float() / temperature, -1) if temperature != 1.0 else s["logp"].float().exp()
+        qk = q.gather(-1, s["idx"].long())
+        tot += torch.minimum(p, qk).sum().item()
+        n += qk.shape[0]
+    return tot / max(n, 1)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n-prompts", type=int, default=544)
+    ap.add_argument("--new-tokens", type=int, default=192)
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--top-k", type=int, default=64)
+    ap.add_argument("--minutes-train", type=float, default=8.0)
+    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--seq-per-step", type=int, default=8)
+    ap.add_argument("--init-layer", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--corpus", type=Path, default=models.cache_dir() / "draft_corpus.pt",
+                    help="cached corpus (regenerated if missing)")
+    ap.add_argument("--out", type=Path, default=models.DRAFT_WEIGHTS)
+    args = ap.parse_args(argv)
+
+    t_start = time.perf_counter()
+    torch.manual_seed(args.seed)
+    target = models.load_target("bfloat16")
+    tok = models.load_tokenizer()
+    if args.corpus.is_file():
+        data = torch.load(args.corpus)
+        print(f"loaded corpus {args.corpus}: {len(data)} sequences")
+    else:
+        t0 = time.perf_counter()
+        data = generate_corpus(target, tok, corpus_prompts(args.n_prompts, args.seed),
+                               args.new_tokens, args.batch, args.top_k, args.seed)
+        args.corpus.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(data, args.corpus)
+        print(f"corpus: {len(data)} sequences in {time.perf_counter() - t0:.0f} s")
+    n_tok = sum(int(s["idx"].shape[0]) for s in data)
+    print(f"corpus: {n_tok} target positions")
+    rng = random.Random(args.seed)
+    rng.shuffle(data)
+    held, train = data[:16], data[16:]
+
+    spec = models.DraftSpec(1, (args.init_layer,))
+    draft = models.build_draft(target, spec)
+    # Train in float32 (own layer); the shared tensors stay frozen bf16 -> cast on the fly.
+    draft.model.layers.float()
+    for name, prm in draft.named_parameters():
+        prm.requires_grad_(name.startswith("model.layers."))
+    before = agreement_cast(draft, held)
+    print(f"held-out mean sum min(p,q) before training: {before:.4f}")
+
+    params = [p for p in draft.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    budget = args.minutes_train * 60
+    t0 = time.perf_counter()
+    step, losses = 0, []
+    while time.perf_counter() - t0 < budget:
+        frac = (time.perf_counter() - t0) / budget
+        for g in opt.param_groups:  # warmup then cosine, by wall-clock fraction
+            g["lr"] = args.lr * min(1.0, (step + 1) / 20) * 0.5 * (1 + math.cos(math.pi * frac))
+        batch = rng.sample(train, args.seq_per_step)
+        loss = 0.0
+        opt.zero_grad(set_to_none=True)
+        for s in batch:
+            ids = s["ids"][None]
+            hidden = forward_hidden(draft, ids)[0, s["n_prompt"] - 1:-1]
+            logits = draft.lm_head(hidden.to(torch.bfloat16)).float()
+            mask = torch.ones(logits.shape[0])
+            li = coarse_kl_loss(logits, s["idx"], s["logp"], mask) / len(batch)
+            li.backward()
+            loss += li.item()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        losses.append(loss)
+        step += 1
+        if step % 20 == 0:
+            print(f"step {step} loss {sum(losses[-20:]) / 20:.4f} "
+                  f"({time.perf_counter() - t0:.0f}/{budget:.0f} s)", flush=True)
+    draft.model.layers.to(torch.bfloat16)
+    after = agreement_cast(draft, held)
+    print(f"held-out mean sum min(p,q) after training: {after:.4f} ({step} steps)")
+    meta = {"steps": step, "corpus_positions": n_tok, "heldout_agreement_before": round(before, 4),
+            "heldout_agreement_after": round(after, 4), "init_layer": args.init_layer,
+            "minutes_total": round((time.perf_counter() - t_start) / 60, 1),
+            "command": "python scripts/train_draft.py " + " ".join(sys.argv[1:] if argv is None else argv)}
+    path = models.save_draft(draft, spec, args.out, meta)
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB); meta {json.dumps(meta)}")
+    return 0
+
+
+def forward_hidden(draft, ids):
+    """Final-normed hidden states of the draft (float32 layer, bf16 shared embeddings/norm)."""
+    m = draft.model
+    h = m.embed_tokens(ids).float()
+    pos = torch.arange(ids.shape[1])[None]
+    cos, sin = m.rotary_emb(h, pos)
+    mask = None
+    for layer in m.layers:
+        h = layer(h, attention_mask=mask, position_embeddings=(cos, sin), position_ids=pos)
+        h = h[0] if isinstance(h, tuple) else h
+    return m.norm(h.to(torch.bfloat16))
+
+
+@torch.no_grad()
+def agreement_cast(draft, data):
+    dtype = next(draft.model.layers.parameters()).dtype
+    if dtype == torch.bfloat16:
+        return agreement(draft, data)
+    tot, n = 0.0, 0
+    for s in data[:24]:
+        hidden = forward_hidden(draft, s["ids"][None])[0, s["n_prompt"] - 1:-1]
+        q = torch.softmax(draft.lm_head(hidden).float(), -1)
+        p = s["logp"].float().exp()
+        tot += torch.minimum(p, q.gather(-1, s["idx"].long())).sum().item()
+        n += q.shape[0]
+    return tot / max(n, 1)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,121 @@
+"""The validation harness itself: it passes exact rules and catches broken ones."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from coupling.check import RuleReport, check_rule, check_sampler, draw_drafts, trace_mass
+from coupling.dist import tuple_law
+from coupling.rules import RULES, Rule
+from coupling.rules import token as token_mod
+from coupling.rules.token import TOKEN_NO_RESIDUAL
+
+P = np.array([0.5, 0.2, 0.2, 0.1])
+Q = np.array([0.1, 0.3, 0.2, 0.4])
+
+
+def test_report_fields_for_token():
+    r = check_rule(RULES["token"], P, Q)
+    assert isinstance(r, RuleReport) and r.ok
+    assert r.acceptance == pytest.approx(0.6, abs=1e-15)
+    assert r.optimum == pytest.approx(0.6, abs=1e-12)
+    assert r.output_tv < 1e-15 and r.draft_err < 1e-15 and r.acceptance_err < 1e-15
+
+
+def test_broken_output_law_is_caught():
+    r = check_rule(TOKEN_NO_RESIDUAL, P, Q)
+    assert not r.lossless and not r.ok
+
+
+def test_wrong_closed_form_is_caught():
+    bad = Rule(
+        "token_bad_acceptance",
+        "",
+        "",
+        lambda k, r: k == 1,
+        lambda p, q, k=1, *, replacement=True: token_mod.acceptance(p, q) + 1e-6,
+        token_mod.joint,
+        token_mod.sample,
+        lambda p, q, k=1, *, replacement=True: (0.0, 1.0),
+    )
+    r = check_rule(bad, P, Q)
+    assert r.lossless and not r.ok and r.acceptance_err > 5e-7
+
+
+def test_above_optimum_is_caught():
+    """A 'rule' claiming more than the LP optimum must fail even if its joint is fine."""
+    bad = Rule(
+        "too_good",
+        "",
+        "",
+        lambda k, r: k == 1,
+        lambda p, q, k=1, *, replacement=True: 0.9,
+        token_mod.joint,
+        token_mod.sample,
+        lambda p, q, k=1, *, replacement=True: (0.0, 1.0),
+    )
+    r = check_rule(bad, P, Q)
+    assert not r.within_optimum and not r.ok
+
+
+def test_out_of_bound_is_caught():
+    bad = Rule(
+        "bad_bound",
+        "",
+        "",
+        lambda k, r: k == 1,
+        token_mod.acceptance,
+        token_mod.joint,
+        token_mod.sample,
+        lambda p, q, k=1, *, replacement=True: (0.7, 0.8),
+    )
+    assert not check_rule(bad, P, Q).ok
+
+
+def test_wrong_draft_marginal_is_caught():
+    def joint(p, q, k=1, *, replacement=True):
+        return token_mod.joint(p, p)  # pretends the drafts come from p
+
+    bad = Rule(
+        "bad_rows",
+        "",
+        "",
+        lambda k, r: k == 1,
+        token_mod.acceptance,
+        joint,
+        token_mod.sample,
+        token_mod.bound,
+    )
+    r = check_rule(bad, P, Q)
+    assert r.draft_err > 0.1 and not r.ok
+
+
+def test_trace_mass_counts_repeated_tokens_once():
+    tuples = np.array([[0, 0], [0, 1]])
+    J = np.array([[0.3, 0.1], [0.2, 0.4]])
+    assert trace_mass(J, tuples) == pytest.approx(0.3 + 0.2 + 0.4)
+
+
+def test_sampler_check_passes_exact_and_fails_broken():
+    ok = check_sampler(RULES["token"], P, Q, n=3000, seed=2)
+    assert ok.ok and ok.alpha == 1e-3
+    bad = check_sampler(TOKEN_NO_RESIDUAL, P, Q, n=3000, seed=2, reference=RULES["token"])
+    assert not bad.ok
+
+
+@pytest.mark.parametrize("rep", [True, False])
+def test_draw_drafts_follow_tuple_law(rep):
+    rng = np.random.default_rng(4)
+    q = np.array([0.5, 0.3, 0.15, 0.05])
+    tuples, probs = tuple_law(q, 2, replacement=rep)
+    index = {tuple(t): i for i, t in enumerate(tuples.tolist())}
+    n = 20000
+    counts = np.zeros(len(tuples))
+    for _ in range(n):
+        counts[index[tuple(int(x) for x in draw_drafts(q, 2, rep, rng))]] += 1
+    m = probs > 0
+    assert counts[~m].sum() == 0
+    stat = ((counts[m] - n * probs[m]) ** 2 / (n * probs[m])).sum()
+    assert stats.chi2.sf(stat, m.sum() - 1) > 1e-3

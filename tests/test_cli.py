@@ -1,0 +1,81 @@
+"""`coupling analyze`: the numbers it prints are the package's exact answers."""
+
+import json
+import subprocess
+import sys
+from fractions import Fraction
+
+import pytest
+
+from coupling.cli import main, parse_distribution
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "coupling", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_analyze_json_agrees_with_lp_and_rules(capsys):
+    assert main(["analyze", "--target", "0.5,0.3,0.2", "--draft", "0.2,0.2,0.6", "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["tv"] == pytest.approx(0.4, abs=1e-12)
+    for solver in ("pot", "highs", "cvxpy"):
+        assert res["lp"][solver]["acceptance"] == pytest.approx(0.6, abs=1e-9)
+    assert res["optimal_acceptance"] == pytest.approx(0.6, abs=1e-12)
+    assert res["rules"]["token"]["acceptance"] == pytest.approx(0.6, abs=1e-12)
+    assert res["rules"]["token"]["ratio_to_optimum"] == pytest.approx(1.0, abs=1e-12)
+    g = res["rules"]["gumbel"]
+    assert (1 - 0.4) / (1 + 0.4) - 1e-12 <= g["acceptance"] <= 0.6 + 1e-12
+
+
+def test_analyze_multi_draft_rows(capsys):
+    args = ["analyze", "--target", "0.5,0.3,0.2", "--draft", "0.2,0.2,0.6", "--drafts", "2", "--json"]
+    assert main(args) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["lp"]["pot"]["acceptance"] == pytest.approx(0.84, abs=1e-9)
+    assert res["rules"]["optimal"]["acceptance"] == pytest.approx(0.84, abs=1e-9)
+    assert "token" not in res["rules"]  # a single-draft rule has no row at k = 2
+    for name in ("kseq", "rrs"):
+        r = res["rules"][name]
+        assert r["acceptance"] <= 0.84 + 1e-9
+        assert r["bound_low"] - 1e-12 <= r["acceptance"] <= r["bound_high"] + 1e-12
+
+
+def test_analyze_block_paper_example(capsys):
+    """Sun et al.'s example: 10/9 (token), 11/9 (block), 12/9 (full information) accepted tokens."""
+    args = ["analyze", "--target", "1/3,2/3", "--draft", "2/3,1/3", "--gamma", "2", "--json"]
+    assert main(args) == 0
+    b = json.loads(capsys.readouterr().out)["block"]["context_free"]
+    # block efficiency counts the extra target token: accepted + 1
+    assert b["token"] == pytest.approx(float(Fraction(10, 9) + 1), abs=1e-12)
+    assert b["block"] == pytest.approx(float(Fraction(11, 9) + 1), abs=1e-12)
+    assert b["optimal_full_information"] == pytest.approx(float(Fraction(12, 9) + 1), abs=1e-9)
+
+
+def test_analyze_table_output():
+    proc = run_cli("analyze", "--target", "0.5,0.3,0.2", "--draft", "0.2,0.2,0.6")
+    assert proc.returncode == 0, proc.stderr
+    for word in ("pot", "highs", "cvxpy", "token", "kseq", "rrs", "optimal", "gumbel"):
+        assert word in proc.stdout
+
+
+@pytest.mark.parametrize(
+    "target, draft, message",
+    [
+        ("0.5,0.5", "0.2,0.2,0.6", "vocabulary mismatch"),
+        ("0.5,0.3,0.1", "0.2,0.2,0.6", "sums to"),
+        ("0.5,nan,0.5", "0.2,0.2,0.6", "NaN"),
+        ("0.5,x", "0.5,0.5", "comma-separated"),
+        ("1.5,-0.5", "0.5,0.5", "negative"),
+    ],
+)
+def test_bad_input_exits_nonzero_with_message(target, draft, message):
+    proc = run_cli("analyze", "--target", target, "--draft", draft)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_parse_distribution_fractions():
+    assert parse_distribution("1/3, 2/3", name="target").tolist() == [1 / 3, 2 / 3]

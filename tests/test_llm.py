@@ -1,0 +1,262 @@
+"""Engine tests on tiny random Llama models (fast; no real checkpoint needed).
+
+The real-model counterparts (slow) are in tests/test_llm_real.py.
+
+Statistics: chi-square goodness of fit of the law of the first two generated tokens against
+the exact target law (enumerated from the tiny model), each at false-positive rate 1e-3 with
+a fixed seed set, plus a negative control (a verifier that always accepts the draft) that
+must be rejected.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+from coupling.llm import engine as E
+from coupling.llm import predict as P
+from coupling.llm import rules_adapter
+from coupling.llm.sampling import SamplingConfig, probs
+
+V = 10
+
+
+def tiny_llama(seed: int, layers: int = 2, scale: float = 1.0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32,
+                      num_hidden_layers=layers, num_attention_heads=2, num_key_value_heads=1,
+                      max_position_embeddings=64, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    m = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        m.lm_head.weight.mul_(scale * 40.0)  # random init is near-uniform; sharpen the laws
+    return m
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return tiny_llama(0), tiny_llama(1, layers=1)
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def np_reference(logits: np.ndarray, T: float, k: int, top_p: float) -> np.ndarray:
+    x = logits / T
+    if k:
+        kth = np.sort(x)[::-1][k - 1]
+        x = np.where(x < kth, -np.inf, x)
+    pr = np.exp(x - x.max())
+    pr /= pr.sum()
+    if top_p < 1:
+        order = np.argsort(-pr, kind="stable")
+        cum = np.cumsum(pr[order]) - pr[order]
+        keep = np.zeros_like(pr, dtype=bool)
+        keep[order[cum < top_p]] = True
+        pr = np.where(keep, pr, 0.0)
+        pr /= pr.sum()
+    return pr
+
+
+@pytest.mark.parametrize("T,k,top_p", [(1.0, 0, 1.0), (0.7, 0, 1.0), (1.0, 3, 1.0),
+                                       (0.8, 0, 0.9), (1.3, 4, 0.5), (1.0, 1, 1.0)])
+def test_probs_matches_numpy_reference(T, k, top_p):
+    rng = np.random.default_rng(7)
+    logits = rng.normal(size=(5, 40)) * 3
+    got = probs(torch.tensor(logits), SamplingConfig(T, k, top_p)).double().numpy()
+    for row, g in zip(logits, got, strict=True):
+        np.testing.assert_allclose(g, np_reference(row, T, k, top_p), atol=1e-6)
+        assert abs(g.sum() - 1) < 1e-6
+
+
+def test_top_p_keeps_the_crossing_token():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
+    pr = probs(logits, SamplingConfig(1.0, 0, 0.6))[0]
+    np.testing.assert_allclose(pr.numpy(), [0.625, 0.375, 0, 0], atol=1e-6)
+
+
+@pytest.mark.parametrize("kw,msg", [({"temperature": 0.0}, "temperature"),
+                                    ({"top_k": -1}, "top_k"), ({"top_p": 0.0}, "top_p"),
+                                    ({"top_p": 1.5}, "top_p")])
+def test_sampling_config_validation(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        SamplingConfig(**kw)
+
+
+# --------------------------------------------------------------------------- drafters / predict
+
+
+def test_ngram_lookup_latest_longest_match():
+    d = E.NgramDrafter(V, max_n=3)
+    seq = [1, 2, 3, 4, 5, 9, 2, 3, 4, 7, 1, 2, 3]
+    # longest suffix with an earlier occurrence: [1, 2, 3] at 0 -> continue with 4, 5
+    assert d.lookup(seq, 2) == [4, 5]
+    assert d.lookup([1, 2, 3, 2, 3], 3) == [2, 3]  # suffix [2,3] at 1 -> [2, 3]
+    assert d.lookup([5, 6, 7], 3) == []
+    drafts, q = d.propose([1, 2, 1], 2, 1, SamplingConfig(), torch.Generator())
+    assert drafts.tolist() == [[2, 1]]
+    assert torch.equal(q.sum(-1), torch.ones(1, 2)) and q[0, 0, 2] == 1 and q[0, 1, 1] == 1
+    with pytest.raises(ValueError, match="k=2"):
+        d.propose([1, 2, 1], 2, 2, SamplingConfig(), torch.Generator())
+
+
+def test_compose_is_expected_tokens_of_token_verification():
+    # gamma = 2, alphas a, b: 1 + a + a b
+    assert P.compose([0.5, 0.25]) == pytest.approx(1 + 0.5 + 0.125)
+    assert P.compose([]) == 1.0
+
+
+def test_step_beta_block_weights_and_token_alpha():
+    q = torch.tensor([[[0.5, 0.5, 0.0], [0.2, 0.8, 0.0]]])
+    p = torch.tensor([[[0.25, 0.25, 0.5], [0.6, 0.2, 0.2], [1 / 3, 1 / 3, 1 / 3]]])
+    drafts = torch.tensor([[0, 0]])
+    w = P.step_beta("block", drafts, q, p, 0, 1)
+    assert w == pytest.approx([0.5, 1.0])  # w1 = min(.25/.5, 1); w2 = min(.5 * .6/.2, 1)
+    a = P.step_beta("token", drafts, q, p, 0, 1)
+    assert a == pytest.approx([0.5, 0.4])
+    assert P.conditional_token(drafts, q, p, 0) == pytest.approx(1 + 0.5 + 0.5)
+
+
+# --------------------------------------------------------------------------- cache rollback
+
+
+def fresh_next_logits(model, seq):
+    with torch.no_grad():
+        return model(torch.tensor([seq])).logits[0, -1].float()
+
+
+def test_cache_sync_equals_fresh_recomputation(pair):
+    target, _ = pair
+    lm = E.CachedLM(target)
+    E.prefill(lm, [1, 2, 3, 4])
+    assert lm.tokens == [[1, 2, 3]]                   # prefill keeps the last prompt token out
+    lm.forward(torch.tensor([[4, 5, 6, 7]]))          # cache holds 1 2 3 4 5 6 7
+    seq = [1, 2, 3, 4, 5, 9]                           # diverges after "5"
+    feed = lm.sync(seq)
+    assert feed == [9] and lm.cache.get_seq_length() == 5
+    got = lm.forward(torch.tensor([feed]))[0, -1].float()
+    torch.testing.assert_close(got, fresh_next_logits(target, seq), atol=1e-5, rtol=1e-5)
+    # branches: expand to 3, select one, then sync
+    lm.expand(3)
+    lm.forward(torch.tensor([[1], [2], [3]]))
+    lm.select(2)
+    assert lm.tokens == [seq + [3]]
+    seq2 = seq + [3, 8]
+    got = lm.forward(torch.tensor([lm.sync(seq2)]))[0, -1].float()
+    torch.testing.assert_close(got, fresh_next_logits(target, seq2), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("rule,k", [("token", 1), ("block", 1)])
+def test_engine_caches_track_the_emitted_stream(pair, rule, k):
+    target, draft = pair
+    cfg = SamplingConfig(1.0)
+    tlm = E.CachedLM(target)
+    dr = E.ModelDrafter(draft)
+    prompt = [1, 2, 3]
+    res = E.generate(target, dr, prompt, max_new_tokens=20, rule=rule, gamma=3, k=k, cfg=cfg,
+                     seed=3, target=tlm, predict=True)
+    seq = prompt + res.tokens
+    assert len(res.tokens) == 20
+    # the target cache holds a prefix of the committed stream; the next logits match a fresh run
+    feed = tlm.sync(seq + [0])
+    assert tlm.tokens[0] == (seq + [0])[: len(tlm.tokens[0])]
+    got = tlm.forward(torch.tensor([feed]))[0, -1].float()
+    torch.testing.assert_close(got, fresh_next_logits(target, seq + [0]), atol=1e-4, rtol=1e-4)
+    assert all(0 <= s.accepted <= s.drafted for s in res.steps)
+    assert res.block_efficiency == pytest.approx(np.mean([s.accepted + 1 for s in res.steps]))
+
+
+# --------------------------------------------------------------------------- losslessness
+
+
+def exact_two_token_law(target, prompt, cfg):
+    """law[x1, x2] = p(x1 | prompt) p(x2 | prompt, x1), with cfg's transforms."""
+    p1 = probs(fresh_next_logits(target, prompt)[None], cfg)[0].double()
+    law = torch.zeros(V, V, dtype=torch.float64)
+    for x1 in range(V):
+        if p1[x1] > 0:
+            law[x1] = p1[x1] * probs(fresh_next_logits(target, prompt + [x1])[None], cfg)[0].double()
+    return law.numpy()
+
+
+def two_token_counts(target, draft, prompt, cfg, rule, k, n, gamma=2, replacement=True):
+    counts = np.zeros((V, V))
+    dr = E.ModelDrafter(draft)
+    tlm = E.CachedLM(target)
+    for s in range(n):
+        r = E.generate(target, dr, prompt, max_new_tokens=2, rule=rule, gamma=gamma, k=k,
+                       cfg=cfg, seed=10_000 + s, target=tlm, replacement=replacement)
+        counts[r.tokens[0], r.tokens[1]] += 1
+    return counts
+
+
+def chi2_pvalue(counts: np.ndarray, law: np.ndarray) -> float:
+    keep = law.ravel() > 0
+    assert counts.ravel()[~keep].sum() == 0, "a token of target probability 0 was emitted"
+    exp = law.ravel()[keep] * counts.sum()
+    obs = counts.ravel()[keep]
+    return float(stats.chisquare(obs, exp / exp.sum() * obs.sum()).pvalue)
+
+
+CFG3 = SamplingConfig(1.0, top_k=3)
+PROMPT = [1, 2, 3]
+
+
+@pytest.mark.parametrize("rule,k", [("token", 1), ("block", 1), ("kseq", 2), ("rrs", 2),
+                                    ("gumbel", 1), ("optimal", 2)])
+def test_first_two_tokens_follow_the_target_law(pair, rule, k):
+    reason = rules_adapter.available().get(rule)
+    if reason:
+        pytest.skip(reason)
+    target, draft = pair
+    law = exact_two_token_law(target, PROMPT, CFG3)
+    counts = two_token_counts(target, draft, PROMPT, CFG3, rule, k, n=1500)
+    # false-positive rate 1e-3 per rule (fixed seeds: deterministic)
+    assert chi2_pvalue(counts, law) > 1e-3
+
+
+def test_negative_control_always_accept_is_detected(pair, monkeypatch):
+    """A verifier that accepts every draft outputs the draft's law: the test must catch it."""
+    target, draft = pair
+    law = exact_two_token_law(target, PROMPT, CFG3)
+    qlaw = exact_two_token_law(draft, PROMPT, CFG3)
+    assert 0.5 * np.abs(law - qlaw).sum() > 0.2  # the tiny draft really differs
+
+    def always_accept(rule, drafts, q, p, seed, position, *, replacement=True):
+        g = drafts.shape[1]
+        bonus = int(torch.multinomial(p[0, g], 1))
+        return g, 0, drafts[0].tolist() + [bonus]
+
+    monkeypatch.setattr(rules_adapter, "decide", always_accept)
+    counts = two_token_counts(target, draft, PROMPT, CFG3, "token", 1, n=1500)
+    assert chi2_pvalue(counts, law) < 1e-3
+
+
+def test_generate_validates_arguments(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match="k=2"):
+        E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=4, rule="token", k=2)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=0)
+    with pytest.raises(ValueError):
+        E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=4, rule="nonsense")
+
+
+def test_gumbel_autoregressive_and_point_mass_drafts_agree(pair):
+    """Drafter invariance on the tiny model: gumbel with model / n-gram / no drafts == AR."""
+    reason = rules_adapter.available().get("gumbel")
+    if reason:
+        pytest.skip(reason)
+    target, draft = pair
+    cfg = SamplingConfig(1.0)
+    ar = E.autoregressive(target, PROMPT, max_new_tokens=24, cfg=cfg, seed=5, gumbel=True)
+    for d in (E.ModelDrafter(draft), E.NgramDrafter(V), E.NoDrafter(V)):
+        r = E.generate(target, d, PROMPT, max_new_tokens=24, rule="gumbel", gamma=3, cfg=cfg,
+                       seed=5)
+        assert r.tokens == ar.tokens, d.name
+    assert not math.isnan(ar.seconds)

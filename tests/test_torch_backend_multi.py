@@ -1,0 +1,424 @@
+"""Multi-draft torch verifiers (kseq, rrs, optimal, gumbel) against the numpy rules.
+
+* coin for coin at a single step: fed the same uniforms, the first emitted token equals
+  ``coupling.rules.<rule>.verify`` (rrs with/without replacement, kseq, optimal);
+* with k = 1 every multi-draft rule is the token rule, coin for coin, along a whole block;
+* exact joint law at a single step: over 200k keyed draws, the frequencies of (draft tuple,
+  output) match ``RULES[rule].joint`` (chi-square), and the acceptance rate matches
+  ``RULES[rule].acceptance``;
+* whole-stream losslessness over a draft tree (k i.i.d. branches, or distinct first tokens
+  without replacement) with tabular models: first-3-token strings have the target's exact
+  law (chi-square); a broken twin must fail;
+* gumbel: drafter invariance (three different drafters, identical streams, equal to plain
+  keyed Gumbel sampling of the target) and the exact collision law with a shared-noise drafter.
+
+False-positive rate of each chi-square: ALPHA = 1e-4 (fixed seeds: deterministic runs).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from coupling import block as nb
+from coupling.dist import tuple_law
+from coupling.rules import RULES
+from coupling.rules import kseq as ref_kseq
+from coupling.rules import optimal as ref_optimal
+from coupling.rules import rrs as ref_rrs
+from coupling.torch_backend import (
+    gumbel,
+    gumbel_draft,
+    gumbel_noise,
+    kseq,
+    optimal,
+    rrs,
+    token,
+    verify,
+)
+from coupling.torch_backend._common import coin_uniforms, sample_rows, sample_uniforms
+from coupling.torch_backend.multi import walk_tree
+
+from .test_torch_backend import ALPHA, BatchedTabular, chi2_pvalue, string_counts
+
+MULTI = {"rrs": rrs, "kseq": kseq, "optimal": optimal}
+
+
+def _random_pq(rng, V, alpha=0.5):
+    return rng.dirichlet(np.full(V, alpha)), rng.dirichlet(np.full(V, alpha))
+
+
+def _draw_tuples(q: np.ndarray, k: int, B: int, replacement: bool, seed: int) -> torch.Tensor:
+    """B draft tuples from q (i.i.d. or successive sampling), [B, k]."""
+    gen = torch.Generator().manual_seed(seed)
+    qt = torch.tensor(q).expand(B, -1).clone()
+    out = []
+    for _ in range(k):
+        x = sample_rows(qt, torch.rand(B, generator=gen, dtype=torch.float64))
+        out.append(x)
+        if not replacement:
+            qt = qt.scatter(1, x[:, None], 0.0)
+            qt = qt / qt.sum(1, keepdim=True)
+    return torch.stack(out, 1)
+
+
+def _single_step_inputs(p, q, X, g=1):
+    """Laws for a depth-g tree whose laws do not depend on the prefix."""
+    B, k = X.shape
+    V = p.size
+    drafts = X[:, :, None].expand(B, k, g).contiguous()
+    P = torch.tensor(p).expand(B, k, g + 1, V)
+    Q = torch.tensor(q).expand(B, k, g, V)
+    return drafts, P, Q
+
+
+# ----------------------------------------------------------------------------- coin for coin
+@pytest.mark.parametrize(
+    "rule, replacement",
+    [("rrs", True), ("rrs", False), ("kseq", True), ("optimal", True), ("optimal", False)],
+)
+def test_single_step_coin_for_coin(rule, replacement):
+    rng = np.random.default_rng(10)
+    cases = [(3, 2), (4, 3), (6, 2)] if rule == "optimal" else [(3, 2), (8, 3), (40, 4)]
+    for V, k in cases:
+        for _ in range(3):
+            p, q = _random_pq(rng, V, 0.4)
+            B = 200
+            X = _draw_tuples(q, k, B, replacement, seed=int(rng.integers(1 << 30)))
+            drafts, P, Q = _single_step_inputs(p, q, X)
+            coins = torch.tensor(rng.random((B, 1, k)))
+            su = torch.tensor(rng.random((B, 2)))
+            ver = MULTI[rule](drafts, P, Q, seeds=0, positions=0, replacement=replacement,
+                              accept_u=coins, sample_u=su)
+            for b in range(B):
+                x = X[b].numpy()
+                if rule == "rrs":
+                    y = ref_rrs.verify(p, q, x, coins[b, 0].numpy(), float(su[b, 0]), replacement=replacement)
+                elif rule == "kseq":
+                    y = ref_kseq.verify(p, q, x, coins[b, 0].numpy(), float(su[b, 0]))
+                else:
+                    y = ref_optimal.verify(p, q, x, float(su[b, 0]), replacement=replacement)
+                assert int(ver.tokens[b, 0]) == y, (rule, V, k, b)
+                assert int(ver.accepted[b]) == int(y in x.tolist())
+
+
+@pytest.mark.parametrize("rule", ["rrs", "kseq", "optimal"])
+def test_k1_is_token_coin_for_coin(rule):
+    rng = np.random.default_rng(11)
+    B, g, V = 300, 4, 30
+    P = torch.tensor(rng.dirichlet(np.full(V, 0.3), size=(B, 1, g + 1)))
+    Q = torch.tensor(rng.dirichlet(np.full(V, 0.3), size=(B, 1, g)))
+    X = sample_rows(Q.reshape(-1, V), torch.tensor(rng.random(B * g))).reshape(B, 1, g)
+    seeds, pos = torch.arange(B), torch.tensor(rng.integers(0, 1000, B))
+    a = token(X, P, Q, seeds=seeds, positions=pos)
+    b = MULTI[rule](X, P, Q, seeds=seeds, positions=pos)
+    assert torch.equal(a.tokens, b.tokens)
+
+
+# ----------------------------------------------------------------------------- exact single-step laws
+@pytest.mark.parametrize(
+    "rule, replacement, V, k",
+    [("rrs", True, 3, 2), ("rrs", False, 4, 3), ("kseq", True, 3, 3), ("optimal", True, 3, 2),
+     ("optimal", False, 4, 2)],
+)
+def test_single_step_joint_law(rule, replacement, V, k):
+    """Frequencies of (draft tuple, output) over 200k keyed draws vs the numpy exact joint."""
+    rng = np.random.default_rng(12)
+    p, q = _random_pq(rng, V, 0.8)
+    B = 200_000 if rule != "optimal" else 40_000
+    X = _draw_tuples(q, k, B, replacement, seed=3)
+    drafts, P, Q = _single_step_inputs(p, q, X)
+    ver = MULTI[rule](drafts, P, Q, seeds=torch.arange(B), positions=0, replacement=replacement)
+    tuples, probs = tuple_law(q, k, replacement=replacement)
+    lut = torch.full((V**k,), -1, dtype=torch.int64)  # flat tuple id -> row of tuple_law
+    flat = lambda t: (t * torch.tensor([V ** (k - 1 - i) for i in range(k)])).sum(-1)  # noqa: E731
+    lut[flat(torch.tensor(tuples))] = torch.arange(len(tuples))
+    row = lut[flat(X)]
+    assert (row >= 0).all()
+    counts = np.bincount((row * V + ver.tokens[:, 0]).numpy(), minlength=len(tuples) * V)
+    J = RULES[rule].joint(p, q, k, replacement=replacement)
+    assert chi2_pvalue(counts, J.ravel()) > ALPHA
+    # acceptance = P(output is one of the drafts): binomial, 5 sigma
+    acc = ver.accepted.double().mean().item()
+    want = RULES[rule].acceptance(p, q, k, replacement=replacement)
+    assert abs(acc - want) < 5 * (want * (1 - want) / B) ** 0.5 + 1e-12
+
+
+def test_single_step_joint_negative_control():
+    """rrs that keeps the target p after a rejection (no residual update) must fail."""
+    rng = np.random.default_rng(12)
+    p, q = _random_pq(rng, 3, 0.8)
+    B, k = 200_000, 2
+    X = _draw_tuples(q, k, B, True, seed=3)
+    drafts, P, Q = _single_step_inputs(p, q, X)
+
+    def broken_step(p_i, q_i, x, alive, coins, u, i):
+        r, qc = p_i.double(), q_i.double()
+        y = torch.full((x.shape[0],), -1)
+        for j in range(x.shape[1]):
+            xj = x[:, j:j + 1]
+            acc = (y < 0) & alive[:, j] & (coins[:, j] * qc.gather(1, xj)[:, 0] < r.gather(1, xj)[:, 0])
+            y = torch.where(acc, xj[:, 0], y)
+        res = (r - qc).clamp(min=0)
+        return torch.where(y >= 0, y, sample_rows(res, u))
+
+    seeds = torch.arange(B)
+    ver = walk_tree(broken_step, drafts, P, Q, coin_uniforms(seeds, seeds * 0, 1, k), sample_uniforms(seeds, seeds * 0, 1))
+    tuples, _ = tuple_law(q, k)
+    row = X[:, 0] * 3 + X[:, 1]
+    counts = np.bincount((row * 3 + ver.tokens[:, 0]).numpy(), minlength=27)
+    assert chi2_pvalue(counts, RULES["rrs"].joint(p, q, k).ravel()) < ALPHA
+
+
+# ----------------------------------------------------------------------------- tree streams
+def iid_drafter(seed):
+    gen = torch.Generator().manual_seed(seed)
+
+    def draw(q_rows, seeds, pos):
+        return sample_rows(q_rows, torch.rand(q_rows.shape[0], generator=gen, dtype=torch.float64))
+
+    return draw
+
+
+def gumbel_drafter(q_rows, seeds, pos):
+    return gumbel_draft(q_rows, seeds, pos)
+
+
+def simulate_tree_stream(verifier, target, draft, gamma, k, length, B, seed, *, replacement=True,
+                         drafter=None, verifier_kw=None) -> torch.Tensor:
+    """Batched speculative decoding with k draft branches per request; first ``length`` tokens.
+
+    Branches are i.i.d. continuations (``replacement=True``), or, without replacement, the
+    k first tokens are drawn by successive sampling and each branch continues alone. A
+    ``drafter(q_rows [N,V], seeds [N], positions [N]) -> [N]`` draws each token (default i.i.d.).
+    """
+    T, D = BatchedTabular(target), BatchedTabular(draft)
+    draw = drafter or iid_drafter(seed)
+    out = torch.full((B, length * (gamma + 2)), -1, dtype=torch.int64)
+    n = torch.zeros(B, dtype=torch.int64)
+    tt, td = T.start(B), D.start(B)
+    seeds = torch.arange(B, dtype=torch.int64) + 1_000_003 * seed
+    rows = torch.arange(B)
+    while bool((n < length).any()):
+        # flatten branches: row b*k + j
+        a, b_ = tt.repeat_interleave(k, 0), td.repeat_interleave(k, 0)
+        s_rep, n_rep = seeds.repeat_interleave(k), n.repeat_interleave(k)
+        xs, qs, ps = [], [], []
+        for i in range(gamma):
+            qi = D.laws(b_)
+            if i == 0 and not replacement:
+                xi = _draw_tuples_rows(qi.view(B, k, -1)[:, 0], k, seed * 7919 + int(n.sum()))
+                xi = xi.reshape(-1)
+            else:
+                xi = draw(qi, s_rep, n_rep + i)
+            ps.append(T.laws(a)), qs.append(qi), xs.append(xi)
+            a, b_ = T.push(a, xi), D.push(b_, xi)
+        ps.append(T.laws(a))
+        V = ps[0].shape[-1]
+        x = torch.stack(xs, 1).view(B, k, gamma)
+        P = torch.stack(ps, 1).view(B, k, gamma + 1, V)
+        Q = torch.stack(qs, 1).view(B, k, gamma, V)
+        ver = verifier(x, P, Q, seeds=seeds, positions=n, **(verifier_kw or {}))
+        for j in range(gamma + 1):
+            m = ver.tokens[:, j] >= 0
+            out[rows[m], (n + j)[m]] = ver.tokens[m, j]
+            tt, td = T.push(tt, ver.tokens[:, j], m), D.push(td, ver.tokens[:, j], m)
+        n = n + ver.accepted + 1
+    return out[:, :length]
+
+
+def _draw_tuples_rows(q_rows: torch.Tensor, k: int, seed: int) -> torch.Tensor:
+    """Successive sampling of k distinct tokens per row of q_rows [B, V] -> [B, k]."""
+    gen = torch.Generator().manual_seed(seed)
+    qt = q_rows.clone()
+    out = []
+    for _ in range(k):
+        x = sample_rows(qt, torch.rand(qt.shape[0], generator=gen, dtype=torch.float64))
+        out.append(x)
+        qt = qt.scatter(1, x[:, None], 0.0)
+        qt = qt / qt.sum(1, keepdim=True).clamp(min=1e-300)
+    return torch.stack(out, 1)
+
+
+@pytest.fixture(scope="module")
+def models():
+    return nb.TabularLM(4, order=1, seed=21, concentration=0.7), nb.TabularLM(4, order=1, seed=22, concentration=0.7)
+
+
+@pytest.mark.parametrize(
+    "rule, replacement",
+    [("rrs", True), ("rrs", False), ("kseq", True), ("gumbel", True)],
+)
+def test_tree_stream_lossless(rule, replacement, models):
+    """200k requests, V=4, k=3 branches, gamma=2: first 3 tokens ~ target's exact law."""
+    target, draft = models
+    fn = {"rrs": rrs, "kseq": kseq, "gumbel": gumbel}[rule]
+    kw = {} if rule == "gumbel" else {"replacement": replacement}
+    toks = simulate_tree_stream(fn, target, draft, gamma=2, k=3, length=3, B=200_000, seed=2,
+                                replacement=replacement, verifier_kw=kw)
+    assert chi2_pvalue(string_counts(toks, 4), nb.target_law(target, 3)) > ALPHA
+
+
+@pytest.mark.parametrize("replacement", [True, False])
+def test_tree_stream_lossless_optimal(replacement):
+    """optimal solves an LP per (request, position) with >= 2 survivors: smaller run (V=3)."""
+    target = nb.TabularLM(3, order=1, seed=31, concentration=0.7)
+    draft = nb.TabularLM(3, order=1, seed=32, concentration=0.7)
+    toks = simulate_tree_stream(optimal, target, draft, gamma=2, k=2, length=3, B=30_000, seed=3,
+                                replacement=replacement, verifier_kw={"replacement": replacement})
+    assert chi2_pvalue(string_counts(toks, 3), nb.target_law(target, 3)) > ALPHA
+
+
+def test_tree_stream_negative_control(models):
+    """A tree walk whose residual ignores the rejected drafts (samples p) must fail."""
+    target, draft = models
+
+    def broken(x, P, Q, *, seeds, positions, **kw):
+        B, k, g = x.shape
+
+        def step(p_i, q_i, xx, alive, coins, u, i):
+            r, qc = p_i.double(), q_i.double()
+            y = torch.full((B,), -1)
+            for j in range(k):
+                xj = xx[:, j:j + 1]
+                acc = (y < 0) & alive[:, j] & (coins[:, j] * qc.gather(1, xj)[:, 0] < r.gather(1, xj)[:, 0])
+                y = torch.where(acc, xj[:, 0], y)
+                d = (r - qc).clamp(min=0)
+                r = torch.where(((y < 0) & alive[:, j])[:, None], d / d.sum(1, keepdim=True).clamp(min=1e-300), r)
+            return torch.where(y >= 0, y, sample_rows(p_i, u))  # BUG: p instead of r
+
+        return walk_tree(step, x, P, Q, coin_uniforms(seeds, positions, g, k), sample_uniforms(seeds, positions, g))
+
+    toks = simulate_tree_stream(broken, target, draft, gamma=2, k=3, length=3, B=200_000, seed=2)
+    assert chi2_pvalue(string_counts(toks, 4), nb.target_law(target, 3)) < ALPHA
+
+
+def test_gumbel_negative_control_reused_noise(models):
+    """Gumbel verification that reuses one noise vector for every offset must fail."""
+    target, draft = models
+    from coupling.torch_backend.multi import _gumbel_target
+
+    def broken(x, P, Q, *, seeds, positions, **kw):
+        B, k, g = x.shape
+
+        def step(p_i, q_i, xx, alive, coins, u, i):
+            return _gumbel_target(p_i, seeds, positions)  # BUG: positions, not positions + i
+
+        z = torch.zeros(B, g + 1, dtype=torch.float64)
+        return walk_tree(step, x, P, Q, z[:, :g, None].expand(B, g, k), z,
+                         bonus=lambda pg, u: _gumbel_target(pg, seeds, positions))
+
+    toks = simulate_tree_stream(broken, target, draft, gamma=2, k=1, length=3, B=200_000, seed=2,
+                                drafter=gumbel_drafter)
+    assert chi2_pvalue(string_counts(toks, 4), nb.target_law(target, 3)) < ALPHA
+
+
+# ----------------------------------------------------------------------------- gumbel
+def test_gumbel_drafter_invariance(models):
+    """Three different drafters (two draft models, i.i.d. or shared-noise drafting, k=1 or 3)
+    give identical streams under one seed, equal to plain keyed Gumbel sampling of the target."""
+    target, draft = models
+    other = nb.TabularLM(4, order=1, seed=99, concentration=0.3)
+    B, L = 4000, 6
+    runs = [
+        simulate_tree_stream(gumbel, target, draft, 3, 1, L, B, seed=5, drafter=gumbel_drafter),
+        simulate_tree_stream(gumbel, target, other, 3, 1, L, B, seed=5, drafter=gumbel_drafter),
+        simulate_tree_stream(gumbel, target, draft, 2, 3, L, B, seed=5, drafter=iid_drafter(8)),
+        simulate_tree_stream(gumbel, target, target, 4, 2, L, B, seed=5, drafter=iid_drafter(9)),
+    ]
+    for r in runs[1:]:
+        assert torch.equal(r, runs[0])
+    # plain autoregressive Gumbel-max sampling with the same keyed noise
+    T = BatchedTabular(target)
+    seeds = torch.arange(B, dtype=torch.int64) + 1_000_003 * 5
+    tail, out = T.start(B), []
+    for t in range(L):
+        G = gumbel_noise(seeds, torch.full((B,), t), 4, dtype=torch.float64)
+        y = torch.argmax(T.laws(tail).log() + G, -1)
+        out.append(y)
+        tail = T.push(tail, y)
+    assert torch.equal(torch.stack(out, 1), runs[0])
+
+
+def test_gumbel_output_ignores_q():
+    rng = np.random.default_rng(13)
+    B, k, g, V = 50, 2, 3, 20
+    P = torch.tensor(rng.dirichlet(np.full(V, 0.3), size=(B, k, g + 1)))
+    X = torch.tensor(rng.integers(0, V, (B, k, g)))
+    outs = []
+    for a in (0.1, 1.0, 10.0):
+        Q = torch.tensor(rng.dirichlet(np.full(V, a), size=(B, k, g))) + 1e-3
+        Q = Q / Q.sum(-1, keepdim=True)
+        outs.append(gumbel(X, P, Q, seeds=torch.arange(B), positions=3).tokens)
+    outs.append(gumbel(X, P, None, seeds=torch.arange(B), positions=3).tokens)
+    for o in outs[1:]:
+        assert torch.equal(o, outs[0])
+
+
+def test_gumbel_shared_noise_collision_law():
+    """Drafter argmax(log q + G), verifier argmax(log p + G): the (draft, output) law is the
+    exact Gumbel coupling joint of coupling.rules.gumbel (chi-square), acceptance its closed form."""
+    rng = np.random.default_rng(14)
+    V, B = 4, 200_000
+    p, q = _random_pq(rng, V, 0.8)
+    seeds, pos = torch.arange(B), torch.full((B,), 17)
+    x = gumbel_draft(torch.tensor(q).expand(B, V), seeds, pos)
+    ver = gumbel(x[:, None, None], torch.tensor(p).expand(B, 1, 2, V), torch.tensor(q).expand(B, 1, 1, V),
+                 seeds=seeds, positions=pos)
+    counts = np.bincount((x * V + ver.tokens[:, 0]).numpy(), minlength=V * V)
+    assert chi2_pvalue(counts, RULES["gumbel"].joint(p, q).ravel()) > ALPHA
+    want = RULES["gumbel"].acceptance(p, q)
+    acc = ver.accepted.double().mean().item()
+    assert abs(acc - want) < 5 * (want * (1 - want) / B) ** 0.5
+
+
+# ----------------------------------------------------------------------------- API, validation, invariance
+@pytest.mark.parametrize("rule", ["rrs", "kseq", "gumbel"])
+def test_multi_batch_invariance(rule):
+    rng = np.random.default_rng(15)
+    B, k, g, V = 40, 3, 4, 64
+    P = torch.tensor(rng.dirichlet(np.full(V, 0.2), size=(B, k, g + 1)), dtype=torch.float32)
+    Q = torch.tensor(rng.dirichlet(np.full(V, 0.2), size=(B, k, g)), dtype=torch.float32)
+    X = sample_rows(Q.reshape(-1, V).double(), torch.tensor(rng.random(B * k * g))).reshape(B, k, g)
+    # make some branches share prefixes, as in a real tree
+    X[:, 1, :2] = X[:, 0, :2]
+    P[:, 1, :3] = P[:, 0, :3]
+    Q[:, 1, :2] = Q[:, 0, :2]
+    seeds, pos = torch.tensor(rng.integers(0, 2**40, B)), torch.tensor(rng.integers(0, 500, B))
+    fn = {"rrs": rrs, "kseq": kseq, "gumbel": gumbel}[rule]
+    full = fn(X, P, Q, seeds=seeds, positions=pos)
+    perm = torch.tensor(rng.permutation(B))
+    assert torch.equal(fn(X[perm], P[perm], Q[perm], seeds=seeds[perm], positions=pos[perm]).tokens, full.tokens[perm])
+    for b in (0, 21, 39):
+        one = fn(X[b:b + 1], P[b:b + 1], Q[b:b + 1], seeds=seeds[b:b + 1], positions=pos[b:b + 1])
+        assert torch.equal(one.tokens[0], full.tokens[b])
+    # emitted prefix is the chosen branch's prefix
+    for b in range(B):
+        n = int(full.accepted[b])
+        assert full.tokens[b, :n].tolist() == X[b, int(full.branch[b]), :n].tolist()
+
+
+def test_optimal_large_vocabulary_raises_clearly():
+    V, k = 2000, 2
+    P = torch.full((1, k, 2, V), 1.0 / V)
+    Q = torch.full((1, k, 1, V), 1.0 / V)
+    X = torch.tensor([[[3], [5]]])
+    with pytest.raises(ValueError, match="no exact large-vocabulary sampler"):
+        optimal(X, P, Q, seeds=0, positions=0)
+
+
+def test_multi_validation():
+    P = torch.full((2, 2, 2, 5), 0.2)
+    Q = torch.full((2, 2, 1, 5), 0.2)
+    X = torch.tensor([[[1], [1]], [[0], [2]]])
+    with pytest.raises(ValueError, match="i.i.d. drafts only"):
+        kseq(X, P, Q, seeds=0, positions=0, replacement=False)
+    with pytest.raises(ValueError, match="distinct first tokens"):
+        rrs(X, P, Q, seeds=0, positions=0, replacement=False)
+    with pytest.raises(ValueError, match="accept_u must be"):
+        rrs(X, P, Q, seeds=0, positions=0, accept_u=torch.zeros(2, 1, 3))
+    with pytest.raises(ValueError, match="NaN or inf"):
+        verify("kseq", X, P.index_fill(-1, torch.tensor([0]), float("nan")), Q, seeds=0, positions=0)
+    with pytest.raises(ValueError, match="q must be a floating tensor"):
+        gumbel_draft(torch.zeros(3, dtype=torch.long), 0, 0)
