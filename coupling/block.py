@@ -35,7 +35,8 @@ Accelerates Speculative Decoding*, arXiv:2403.10444, ICLR 2025, Algorithm 2)
     draw :math:`\eta_1, \dots, \eta_\gamma \sim U[0, 1)` and set
     :math:`\tau = \max\{i \ge 1 : \eta_i < h_i\}` (:math:`\tau = 0` if there is none): it scans
     *every* position, it does not stop at the first failure. Then :math:`Y \sim p_{\gamma+1}` if
-    :math:`\tau = \gamma`, else :math:`Y \sim \mathrm{norm}(\max(w_\tau\, p_{\tau+1} - q_{\tau+1}, 0))`.
+    :math:`\tau = \gamma`, else
+    :math:`Y \sim \mathrm{norm}(\max(w_\tau\, p_{\tau+1} - q_{\tau+1}, 0))`.
     (When :math:`r_i + 1 - w_i = 0`, i.e. :math:`w_i = 1` and :math:`p_{i+1} = q_{i+1}`, we set
     :math:`h_i = 1`; then :math:`w_{i+1} = 1` too, so stopping at :math:`i` has probability 0
     and the undefined residual is never used.)
@@ -43,8 +44,21 @@ Accelerates Speculative Decoding*, arXiv:2403.10444, ICLR 2025, Algorithm 2)
     Key identity (checked exactly in the tests): :math:`P(\tau \ge i \mid X^i) = w_i(X^i)`, and
     :math:`w_i = \min_{0 \le j \le i} \prod_{k=j+1}^{i} p_k(X_k)/q_k(X_k)`.
 
-Both are lossless: the generated stream has exactly the law of the target model
+``"gumbel"`` (drafter-invariant, communication-free; optional extension)
+    drafter and verifier share Gumbel noise :math:`G_i` per absolute position (e.g.
+    :func:`position_gumbels`); the drafter emits :math:`X_i = \arg\max \log q_i + G_i`, the
+    verifier computes :math:`Y_i = \arg\max \log p_i + G_i` along the drafted path, accepts
+    while :math:`X_i = Y_i` and emits :math:`Y` at the first disagreement (or the bonus
+    :math:`Y_{\gamma+1}`). It never needs :math:`q`; each match has probability
+    :math:`c(b) = 1/\sum_j \max(p_j/p_b, q_j/q_b) \le \min(p_b, q_b)`, so it accepts at most
+    as much as ``"token"`` (equal for :math:`V = 2`). See :func:`verify_block_gumbel`.
+
+All three are lossless: the generated stream has exactly the law of the target model
 (:func:`stream_law` checks it exactly; ``proofs/block_lossless.py`` in exact rationals).
+
+Numerical note: in float64, :math:`h_i = r_i / (r_i + 1 - w_i)` is ill-conditioned when both
+:math:`r_i` and :math:`1 - w_i` are at rounding level (target and draft laws equal up to
+rounding but not exactly); exactly equal laws are handled (:math:`h_i = 1`).
 
 What "optimal" means
 --------------------
@@ -103,6 +117,10 @@ __all__ = [
     "path_law",
     "accepted_length",
     "verify_block",
+    "verify_block_gumbel",
+    "gumbel_match",
+    "position_gumbels",
+    "GUMBEL_RULES",
     "sample_block",
     "path_laws",
     "accepted_length_law",
@@ -128,7 +146,16 @@ RULES: tuple[str, ...] = ("token", "block")
 #: ``"block-plain-residual"`` keeps block verification's accepted length but corrects with the
 #: plain residual ``norm(max(p - q, 0))`` instead of ``norm(max(w p - q, 0))``;
 #: ``"token-target-resample"`` resamples from ``p`` (not the residual) after a rejection.
-NEGATIVE_CONTROLS: tuple[str, ...] = ("block-plain-residual", "token-target-resample")
+NEGATIVE_CONTROLS: tuple[str, ...] = (
+    "block-plain-residual",
+    "token-target-resample",
+    "gumbel-emit-draft",
+)
+#: Drafter-invariant rules: drafts and verification share Gumbel noise, so the draft block is
+#: not an independent input (use :func:`verify_block_gumbel`, not :func:`verify_block`).
+#: ``"gumbel-emit-draft"`` (a negative control) emits the draft instead of the target's token
+#: at the first disagreement.
+GUMBEL_RULES: tuple[str, ...] = ("gumbel",)
 
 #: Largest number of draft paths an exact enumeration may visit (``V**gamma``).
 MAX_PATHS = 2_000_000
@@ -140,7 +167,11 @@ MAX_PATHS = 2_000_000
 
 
 def _check_vocab(vocab_size: int) -> int:
-    if isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer)) or vocab_size < 1:
+    if (
+        isinstance(vocab_size, bool)
+        or not isinstance(vocab_size, (int, np.integer))
+        or vocab_size < 1
+    ):
         raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
     return int(vocab_size)
 
@@ -168,8 +199,14 @@ class TabularLM:
         V = _check_vocab(vocab_size)
         if isinstance(order, bool) or not isinstance(order, (int, np.integer)) or order < 0:
             raise ValueError(f"order must be a non-negative integer, got {order!r}")
-        if not (isinstance(concentration, (int, float)) and math.isfinite(concentration) and concentration > 0):
-            raise ValueError(f"concentration must be a finite positive number, got {concentration!r}")
+        if not (
+            isinstance(concentration, (int, float))
+            and math.isfinite(concentration)
+            and concentration > 0
+        ):
+            raise ValueError(
+                f"concentration must be a finite positive number, got {concentration!r}"
+            )
         n_rows = (V + 1) ** int(order)
         if n_rows * V > 20_000_000:
             raise ValueError(
@@ -193,14 +230,16 @@ class TabularLM:
         self.vocab_size = table.shape[-1]
 
     @classmethod
-    def from_table(cls, table: ArrayLike) -> "TabularLM":
+    def from_table(cls, table: ArrayLike) -> TabularLM:
         """Wrap an explicit table of shape ``(V + 1,) * order + (V,)`` (index ``V`` = BOS)."""
         arr = np.asarray(table, dtype=np.float64)
         if arr.ndim < 1:
             raise ValueError("table must have shape (V + 1,) * order + (V,)")
         V = arr.shape[-1]
         if any(s != V + 1 for s in arr.shape[:-1]):
-            raise ValueError(f"table must have shape (V + 1,) * order + (V,) with V={V}, got {arr.shape}")
+            raise ValueError(
+                f"table must have shape (V + 1,) * order + (V,) with V={V}, got {arr.shape}"
+            )
         flat = arr.reshape(-1, V)
         for i, row in enumerate(flat):
             as_distribution(row, name=f"table row {i}")
@@ -211,21 +250,23 @@ class TabularLM:
         return obj
 
     @classmethod
-    def constant(cls, p: ArrayLike) -> "TabularLM":
+    def constant(cls, p: ArrayLike) -> TabularLM:
         """A context-independent model that always returns ``p``."""
         return cls.from_table(as_distribution(p, name="p"))
 
     def key(self, context: Sequence[int]) -> tuple[int, ...]:
         ctx = _check_context(context, self.vocab_size)
-        tail = ctx[-self.order:] if self.order else ()
+        tail = ctx[-self.order :] if self.order else ()
         return (self.vocab_size,) * (self.order - len(tail)) + tuple(tail)
 
     def __call__(self, context: Sequence[int] = ()) -> np.ndarray:
         return self.table[self.key(context)]
 
     def __repr__(self) -> str:
-        return (f"TabularLM(vocab_size={self.vocab_size}, order={self.order}, seed={self.seed}, "
-                f"concentration={self.concentration})")
+        return (
+            f"TabularLM(vocab_size={self.vocab_size}, order={self.order}, seed={self.seed}, "
+            f"concentration={self.concentration})"
+        )
 
 
 class TraceLM:
@@ -262,7 +303,9 @@ def _check_context(context: Sequence[int], V: int | None) -> tuple[int, ...]:
     try:
         ctx = tuple(int(t) for t in context)
     except Exception:
-        raise ValueError(f"context must be a sequence of integer token ids, got {context!r}") from None
+        raise ValueError(
+            f"context must be a sequence of integer token ids, got {context!r}"
+        ) from None
     if V is not None and any(t < 0 or t >= V for t in ctx):
         raise ValueError(f"context {ctx} has token ids outside [0, {V})")
     return ctx
@@ -323,17 +366,30 @@ def _path_arrays(drafts: ArrayLike, p_path: ArrayLike, q_path: ArrayLike):
     for i, t in enumerate(x.tolist()):
         if Qv[i, t] == 0:
             raise ValueError(
-                f"drafts[{i}] = {t} has draft probability q_path[{i}][{t}] = 0: it cannot have been "
+                f"drafts[{i}] = {t} has draft probability q_path[{i}][{t}] = 0: "
+                "it cannot have been "
                 "drafted; pass the laws the drafts were sampled from"
             )
     return x.astype(np.int64), Pv, Qv
 
 
-def _check_rule(rule: str, allow_controls: bool = True) -> str:
-    ok = RULES + (NEGATIVE_CONTROLS if allow_controls else ())
+def _check_rule(rule: str, gumbel: bool = False) -> str:
+    ok = RULES + GUMBEL_RULES + NEGATIVE_CONTROLS
     if rule not in ok:
-        raise ValueError(f"rule must be one of {RULES} (negative controls: {NEGATIVE_CONTROLS}), got {rule!r}")
+        raise ValueError(
+            f"rule must be one of {RULES + GUMBEL_RULES} (negative controls: "
+            f"{NEGATIVE_CONTROLS}), got {rule!r}"
+        )
+    if not gumbel and _is_gumbel(rule):
+        raise ValueError(
+            f"rule {rule!r} couples drafting and verification through shared Gumbel noise; "
+            "use verify_block_gumbel (drafts alone do not determine its law)"
+        )
     return rule
+
+
+def _is_gumbel(rule: str) -> bool:
+    return rule.startswith("gumbel")
 
 
 def _check_gamma(gamma: int) -> int:
@@ -374,7 +430,9 @@ def _weights_and_h(x: np.ndarray, P: np.ndarray, Q: np.ndarray):
     return w, h
 
 
-def block_weights(drafts: ArrayLike, p_path: ArrayLike, q_path: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+def block_weights(
+    drafts: ArrayLike, p_path: ArrayLike, q_path: ArrayLike
+) -> tuple[np.ndarray, np.ndarray]:
     r"""Block verification's running weights :math:`w_0..w_\gamma` and acceptance probabilities.
 
     Returns ``(w, h)`` with ``w[0] = 1``, :math:`w_i = \min(w_{i-1} p_i(x_i)/q_i(x_i), 1)`,
@@ -423,7 +481,9 @@ def _path_law(rule: str, x: np.ndarray, P: np.ndarray, Q: np.ndarray):
     return np.array(tau, dtype=dt), np.stack(nxt).astype(dt)
 
 
-def path_law(rule: str, drafts: ArrayLike, p_path: ArrayLike, q_path: ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+def path_law(
+    rule: str, drafts: ArrayLike, p_path: ArrayLike, q_path: ArrayLike
+) -> tuple[np.ndarray, np.ndarray]:
     r"""Exact law of one verification given the drafted path.
 
     Returns
@@ -475,8 +535,9 @@ def _decide(rule: str, x, P, Q, u: np.ndarray) -> int:
     return tau
 
 
-def accepted_length(rule: str, drafts: ArrayLike, p_path: ArrayLike, q_path: ArrayLike,
-                    uniforms: ArrayLike) -> int:
+def accepted_length(
+    rule: str, drafts: ArrayLike, p_path: ArrayLike, q_path: ArrayLike, uniforms: ArrayLike
+) -> int:
     r"""The accepted length :math:`\tau` for given decision uniforms (deterministic).
 
     ``uniforms[i-1]`` is position ``i``'s coin. Token: accept while ``u_i < a_i`` and stop at
@@ -512,7 +573,8 @@ def verify_block(
     Steps (``rule="block"``, Sun et al. Algorithm 2; ``"token"`` see module doc):
 
     1. :math:`w_0 = 1`; for :math:`i = 1..\gamma`: :math:`w_i = \min(w_{i-1} p_i(x_i)/q_i(x_i), 1)`.
-    2. :math:`h_i = r_i / (r_i + 1 - w_i)` with :math:`r_i = \sum_x \max(w_i p_{i+1}(x) - q_{i+1}(x), 0)`
+    2. :math:`h_i = r_i / (r_i + 1 - w_i)` with
+       :math:`r_i = \sum_x \max(w_i p_{i+1}(x) - q_{i+1}(x), 0)`
        for :math:`i < \gamma`; :math:`h_\gamma = w_\gamma`.
     3. :math:`\tau = \max\{i : u_i < h_i\}` (0 if none), scanning all :math:`\gamma` positions.
     4. :math:`Y \sim p_{\gamma+1}` if :math:`\tau = \gamma`, else
@@ -540,18 +602,28 @@ def verify_block(
     gamma = x.size
     if uniforms is None:
         if not isinstance(rng, np.random.Generator):
-            raise ValueError("rng must be a numpy.random.Generator (or pass uniforms of length gamma+1)")
+            raise ValueError(
+                "rng must be a numpy.random.Generator (or pass uniforms of length gamma+1)"
+            )
         u = None
     else:
         u = _check_uniforms(uniforms, gamma)
         if u.size == gamma and not isinstance(rng, np.random.Generator):
-            raise ValueError("rng must be a numpy.random.Generator to draw the final token "
-                             "(or pass gamma+1 uniforms)")
+            raise ValueError(
+                "rng must be a numpy.random.Generator to draw the final token "
+                "(or pass gamma+1 uniforms)"
+            )
     return _verify(rule, x, P.astype(np.float64), Q.astype(np.float64), rng, u)
 
 
-def _verify(rule: str, x: np.ndarray, P: np.ndarray, Q: np.ndarray,
-            rng: np.random.Generator | None, u: np.ndarray | None) -> np.ndarray:
+def _verify(
+    rule: str,
+    x: np.ndarray,
+    P: np.ndarray,
+    Q: np.ndarray,
+    rng: np.random.Generator | None,
+    u: np.ndarray | None,
+) -> np.ndarray:
     gamma = x.size
     if u is None:
         u = rng.random(gamma + 1)
@@ -575,13 +647,17 @@ def sample_block(
 ) -> np.ndarray:
     """Draft ``gamma`` tokens from ``draft`` after ``context``, verify them against ``target``.
 
-    Returns the emitted tokens (accepted prefix + one corrected or bonus token).
+    Returns the emitted tokens (accepted prefix + one corrected or bonus token). For
+    ``"gumbel"`` the block is drafted by Gumbel-max with noise drawn from ``rng`` and verified
+    by :func:`verify_block_gumbel` with the same noise.
     """
-    _check_rule(rule)
+    _check_rule(rule, gumbel=True)
     gamma = _check_gamma(gamma)
     if not isinstance(rng, np.random.Generator):
         raise ValueError("rng must be a numpy.random.Generator")
     ctx = tuple(int(t) for t in context)
+    if _is_gumbel(rule):
+        return _sample_block_gumbel(rule, target, draft, gamma, rng, ctx)
     xs: list[int] = []
     q_rows, p_rows = [], []
     for _ in range(gamma):
@@ -589,12 +665,157 @@ def sample_block(
         xs.append(_inverse_cdf(q, float(rng.random())))
         q_rows.append(q)
     for i in range(gamma + 1):
-        p_rows.append(np.asarray(_model_law(target, ctx + tuple(xs[:i]), "target"), dtype=np.float64))
+        p_rows.append(
+            np.asarray(_model_law(target, ctx + tuple(xs[:i]), "target"), dtype=np.float64)
+        )
     P, Q = np.stack(p_rows), np.stack(q_rows)
     if P.shape[1] != Q.shape[1]:
-        raise ValueError(f"vocabulary mismatch: target has {P.shape[1]} tokens, draft has {Q.shape[1]}")
+        raise ValueError(
+            f"vocabulary mismatch: target has {P.shape[1]} tokens, draft has {Q.shape[1]}"
+        )
     # model outputs were validated by _model_law; skip re-validating them per block
     return _verify(rule, np.array(xs, dtype=np.int64), P, Q, rng, None)
+
+
+# --------------------------------------------------------------------------------------
+# Drafter-invariant block verification (shared Gumbel noise)
+# --------------------------------------------------------------------------------------
+#
+# Position i of the block (absolute position n + i) has Gumbel noise G_i in R^V, shared by
+# the drafter and the verifier (e.g. generated from a common seed and the absolute position,
+# so nothing but the drafted tokens is communicated). The drafter emits
+# x_i = argmax_v log q_i(v) + G_i(v); the verifier computes y_i = argmax_v log p_i(v) + G_i(v)
+# along the drafted path, accepts while x_i == y_i and emits y at the first disagreement
+# (y_{gamma+1} as the bonus). Each y_i is an exact sample of p_i given the accepted prefix,
+# so the rule is lossless whatever the drafter does, and the verifier never needs q. Per
+# position the match probability is c(b) = 1 / sum_j max(p_j / p_b, q_j / q_b) (exponential
+# race), which lies between (1 - TV)/(1 + TV) and 1 - TV: drafter invariance costs
+# acceptance relative to token verification.
+
+
+def position_gumbels(seed: int, positions: Sequence[int], vocab_size: int) -> np.ndarray:
+    """Standard Gumbel noise rows keyed by (seed, absolute position): ``[len(positions), V]``.
+
+    Drafter and verifier regenerate the same rows from the shared seed, so a drafter-invariant
+    block needs no communication beyond the drafted tokens.
+    """
+    V = _check_vocab(vocab_size)
+    return np.stack([np.random.default_rng([int(seed), int(n)]).gumbel(size=V) for n in positions])
+
+
+def gumbel_match(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    r"""Per-token Gumbel-max match probabilities :math:`c(b) = P(X = Y = b)`.
+
+    :math:`X = \arg\max \log q + G`, :math:`Y = \arg\max \log p + G` with the same Gumbel
+    noise: :math:`c(b) = 1 / \sum_j \max(p_j / p_b, q_j / q_b)` if :math:`p_b q_b > 0`, else 0.
+    Works on float64 or exact Fraction laws.
+    """
+    exact = _is_exact(np.asarray(p)) or _is_exact(np.asarray(q))
+    out = []
+    for b in range(len(p)):
+        if p[b] == 0 or q[b] == 0:
+            out.append(Fraction(0) if exact else 0.0)
+            continue
+        out.append(1 / sum(max(p[j] / p[b], q[j] / q[b]) for j in range(len(p))))
+    return np.array(out, dtype=object if exact else np.float64)
+
+
+def _gumbel_outcomes(rule: str, T: _Cache, D: _Cache, gamma: int, ctx: tuple[int, ...]):
+    one = Fraction(1) if _is_exact(T(ctx)) else 1.0
+
+    def rec(pre: tuple[int, ...], mass):
+        p = T(ctx + pre)
+        k = len(pre)
+        if k == gamma:  # bonus position: emit y ~ p
+            for b in range(p.size):
+                if p[b] != 0:
+                    yield pre + (b,), k, mass * p[b]
+            return
+        q = D(ctx + pre)
+        if q.size != p.size:
+            raise ValueError(f"vocabulary mismatch: target has {p.size} tokens, draft has {q.size}")
+        c = gumbel_match(p, q)
+        # first disagreement at this position: P(Y = b, X != b) = p_b - c_b, or for the
+        # broken control P(X = b, Y != b) = q_b - c_b (it emits the draft)
+        miss = (q if rule == "gumbel-emit-draft" else p) - c
+        for b in range(p.size):
+            if miss[b] > 0:
+                yield pre + (b,), k, mass * miss[b]
+        for b in range(p.size):
+            if c[b] > 0:
+                yield from rec(pre + (b,), mass * c[b])
+
+    yield from rec((), one)
+
+
+def verify_block_gumbel(drafts: ArrayLike, p_path: ArrayLike, gumbels: ArrayLike) -> np.ndarray:
+    r"""Drafter-invariant block verification: needs only the target laws and the shared noise.
+
+    :math:`y_i = \arg\max_v \log p_i(v) + G_i(v)` for :math:`i = 1..\gamma+1`;
+    :math:`\tau = \min\{i : x_i \ne y_i\} - 1` (:math:`\gamma` if none); returns
+    :math:`(x_1..x_\tau, y_{\tau+1})`. Lossless for any drafts as long as ``gumbels`` are
+    fresh i.i.d. standard Gumbel noise; acceptance is high when the drafts were produced as
+    :math:`x_i = \arg\max \log q_i + G_i` with the same noise.
+
+    Parameters
+    ----------
+    drafts : int[gamma]
+    p_path : float[gamma + 1, V]
+    gumbels : float[gamma + 1, V]
+        The noise rows for the gamma drafted positions and the bonus position.
+    """
+    P = np.asarray(p_path, dtype=np.float64)
+    G = np.asarray(gumbels, dtype=np.float64)
+    x = np.asarray(drafts)
+    if x.ndim != 1 or x.size < 1 or x.dtype.kind not in "iu":
+        raise ValueError(f"drafts must be a non-empty 1-D array of integer token ids, got {x!r}")
+    gamma = x.size
+    if P.ndim != 2 or P.shape[0] != gamma + 1 or G.shape != P.shape:
+        raise ValueError(
+            f"{gamma} drafts need p_path and gumbels of shape [{gamma + 1}, V]; "
+            f"got {P.shape} and {G.shape}"
+        )
+    if not np.isfinite(G).all():
+        raise ValueError("gumbels must be finite")
+    for i in range(gamma + 1):
+        as_distribution(P[i], name=f"p_path[{i}]")
+    if (x < 0).any() or (x >= P.shape[1]).any():
+        raise ValueError(f"drafts has token ids outside [0, {P.shape[1]})")
+    return _verify_gumbel("gumbel", x.astype(np.int64), P, G)
+
+
+def _argmax_gumbel(law: np.ndarray, g: np.ndarray) -> int:
+    with np.errstate(divide="ignore"):
+        return int(np.argmax(np.log(law) + g))
+
+
+def _verify_gumbel(rule: str, x: np.ndarray, P: np.ndarray, G: np.ndarray) -> np.ndarray:
+    gamma = x.size
+    for i in range(gamma + 1):
+        y = _argmax_gumbel(P[i], G[i])
+        if i == gamma or y != x[i]:
+            if rule == "gumbel-emit-draft" and i < gamma:
+                y = int(x[i])
+            return np.concatenate([x[:i], [y]]).astype(np.int64)
+    raise AssertionError("unreachable")
+
+
+def _sample_block_gumbel(rule, target, draft, gamma, rng, ctx) -> np.ndarray:
+    xs: list[int] = []
+    p_rows = []
+    G = rng.gumbel(size=(gamma + 1, np.asarray(_model_law(target, ctx, "target")).size))
+    for i in range(gamma):
+        q = np.asarray(_model_law(draft, ctx + tuple(xs), "draft"), dtype=np.float64)
+        if q.size != G.shape[1]:
+            raise ValueError(
+                f"vocabulary mismatch: target has {G.shape[1]} tokens, draft has {q.size}"
+            )
+        xs.append(_argmax_gumbel(q, G[i]))
+    for i in range(gamma + 1):
+        p_rows.append(
+            np.asarray(_model_law(target, ctx + tuple(xs[:i]), "target"), dtype=np.float64)
+        )
+    return _verify_gumbel(rule, np.array(xs, dtype=np.int64), np.stack(p_rows), G)
 
 
 # --------------------------------------------------------------------------------------
@@ -616,7 +837,9 @@ class _Cache:
         return v
 
 
-def path_laws(target: LanguageModel, draft: LanguageModel, gamma: int, *, context: Sequence[int] = ()):
+def path_laws(
+    target: LanguageModel, draft: LanguageModel, gamma: int, *, context: Sequence[int] = ()
+):
     """Yield ``(path, prob, p_path, q_path)`` for every draft block of positive probability.
 
     ``prob`` is :math:`Q(x) = \\prod_i q_i(x_i)`; laws are exact if the models return Fractions.
@@ -624,14 +847,16 @@ def path_laws(target: LanguageModel, draft: LanguageModel, gamma: int, *, contex
     """
     gamma = _check_gamma(gamma)
     ctx = tuple(int(t) for t in context)
-    T, D = (target if isinstance(target, _Cache) else _Cache(target, "target"),
-            draft if isinstance(draft, _Cache) else _Cache(draft, "draft"))
+    T, D = (
+        target if isinstance(target, _Cache) else _Cache(target, "target"),
+        draft if isinstance(draft, _Cache) else _Cache(draft, "draft"),
+    )
     V = T(ctx).size
     if D(ctx).size != V:
         raise ValueError(f"vocabulary mismatch: target has {V} tokens, draft has {D(ctx).size}")
-    if V ** gamma > MAX_PATHS:
+    if V**gamma > MAX_PATHS:
         raise ValueError(
-            f"exact enumeration needs {V}**{gamma} = {V ** gamma} draft paths, above {MAX_PATHS}; "
+            f"exact enumeration needs {V}**{gamma} = {V**gamma} draft paths, above {MAX_PATHS}; "
             "lower gamma or the vocabulary size"
         )
 
@@ -649,20 +874,60 @@ def path_laws(target: LanguageModel, draft: LanguageModel, gamma: int, *, contex
     yield from rec((), one, [])
 
 
-def accepted_length_law(rule: str, target: LanguageModel, draft: LanguageModel, gamma: int, *,
-                        context: Sequence[int] = ()) -> np.ndarray:
-    r"""Exact law of the accepted length: :math:`P(\tau = i) = \sum_x Q(x) P(\tau = i \mid x)`, ``[gamma+1]``."""
-    _check_rule(rule)
-    total = None
-    for x, prob, P, Q in path_laws(target, draft, gamma, context=context):
-        tau, _ = _path_law(rule, x, P, Q)
-        total = prob * tau if total is None else total + prob * tau
+def _outcomes(rule: str, T: _Cache, D: _Cache, gamma: int, ctx: tuple[int, ...]):
+    """Yield ``(emitted, tau, prob)`` for every outcome of one iteration after ``ctx``."""
+    if _is_gumbel(rule):
+        yield from _gumbel_outcomes(rule, T, D, gamma, ctx)
+        return
+    V = T(ctx).size
+    for x, qx, P, Q in path_laws(T, D, gamma, context=ctx):
+        tau, nxt = _path_law(rule, x, P, Q)
+        for t in range(gamma + 1):
+            if tau[t] == 0:
+                continue
+            for y in range(V):
+                if nxt[t, y] != 0:
+                    yield tuple(int(v) for v in x[:t]) + (y,), t, qx * tau[t] * nxt[t, y]
+
+
+def accepted_length_law(
+    rule: str,
+    target: LanguageModel,
+    draft: LanguageModel,
+    gamma: int,
+    *,
+    context: Sequence[int] = (),
+) -> np.ndarray:
+    r"""Exact law of the accepted length, ``[gamma+1]``:
+    :math:`P(\tau = i) = \sum_x Q(x) P(\tau = i \mid x)`.
+
+    For ``"gumbel"``: :math:`P(\tau \ge i) = \sum_{a^i} \prod_{k \le i} c_k(a_k)` with the
+    Gumbel-max match probability :math:`c(b) = 1 / \sum_j \max(p_j/p_b, q_j/q_b)`.
+    """
+    _check_rule(rule, gumbel=True)
+    gamma = _check_gamma(gamma)
+    ctx = tuple(int(t) for t in context)
+    T, D = _Cache(target, "target"), _Cache(draft, "draft")
+    exact = _is_exact(T(ctx))
+    total = np.array(
+        [Fraction(0) if exact else 0.0] * (gamma + 1), dtype=object if exact else np.float64
+    )
+    for _, tau, prob in _outcomes(rule, T, D, gamma, ctx):
+        total[tau] += prob
     return total
 
 
-def expected_accepted(rule: str, target: LanguageModel, draft: LanguageModel, gamma: int, *,
-                      context: Sequence[int] = ()):
-    r"""Exact expected number of accepted draft tokens per iteration, :math:`E[\tau]` (the paper's convention).
+def expected_accepted(
+    rule: str,
+    target: LanguageModel,
+    draft: LanguageModel,
+    gamma: int,
+    *,
+    context: Sequence[int] = (),
+):
+    r"""Exact expected number of accepted draft tokens per iteration, :math:`E[\tau]`.
+
+    This is the paper's convention (10/9, 11/9 on its motivating example).
 
     Returns a float, or a Fraction when the models return exact Fraction laws.
     """
@@ -671,17 +936,27 @@ def expected_accepted(rule: str, target: LanguageModel, draft: LanguageModel, ga
     return s if isinstance(s, Fraction) else float(s)
 
 
-def block_efficiency(rule: str, target: LanguageModel, draft: LanguageModel, gamma: int, *,
-                     context: Sequence[int] = ()):
-    r"""Exact expected tokens produced per target call, :math:`E[\tau] + 1`, by enumerating the ``V**gamma`` draft blocks."""
+def block_efficiency(
+    rule: str,
+    target: LanguageModel,
+    draft: LanguageModel,
+    gamma: int,
+    *,
+    context: Sequence[int] = (),
+):
+    r"""Exact expected tokens produced per target call, :math:`E[\tau] + 1`.
+
+    Computed by enumerating the ``V**gamma`` draft blocks (see :func:`accepted_length_law`).
+    """
     return expected_accepted(rule, target, draft, gamma, context=context) + 1
 
 
 def constant_acceptance_efficiency(alpha, gamma: int):
     r"""Token verification's tokens per call when every position accepts w.p. :math:`\alpha`:
-    :math:`\sum_{i=0}^{\gamma} \alpha^i = (1 - \alpha^{\gamma+1})/(1 - \alpha)` (:math:`\gamma + 1` at :math:`\alpha = 1`)."""
+    :math:`\sum_{i=0}^{\gamma} \alpha^i = (1 - \alpha^{\gamma+1})/(1 - \alpha)`
+    (:math:`\gamma + 1` at :math:`\alpha = 1`)."""
     gamma = _check_gamma(gamma)
-    return sum(alpha ** i for i in range(gamma + 1))
+    return sum(alpha**i for i in range(gamma + 1))
 
 
 # --------------------------------------------------------------------------------------
@@ -689,7 +964,9 @@ def constant_acceptance_efficiency(alpha, gamma: int):
 # --------------------------------------------------------------------------------------
 
 
-def _block_law(lm: _Cache, ctx: tuple[int, ...], gamma: int, V: int) -> tuple[np.ndarray, np.ndarray]:
+def _block_law(
+    lm: _Cache, ctx: tuple[int, ...], gamma: int, V: int
+) -> tuple[np.ndarray, np.ndarray]:
     paths = np.array(list(itertools.product(range(V), repeat=gamma)), dtype=np.int64)
     probs = np.empty(len(paths))
     for k, path in enumerate(paths):
@@ -702,9 +979,17 @@ def _block_law(lm: _Cache, ctx: tuple[int, ...], gamma: int, V: int) -> tuple[np
     return paths, probs
 
 
-def optimal_expected_accepted(target: LanguageModel, draft: LanguageModel, gamma: int, *,
-                              context: Sequence[int] = (), solver: str = "pot") -> float:
-    r"""Block-level transport LP: :math:`\max_{\pi \in \Pi(Q^\gamma, P^\gamma)} E_\pi[\mathrm{LCP}(X, Y)]`.
+def optimal_expected_accepted(
+    target: LanguageModel,
+    draft: LanguageModel,
+    gamma: int,
+    *,
+    context: Sequence[int] = (),
+    solver: str = "pot",
+) -> float:
+    r"""Block-level transport bound on accepted draft tokens.
+
+    :math:`\max_{\pi \in \Pi(Q^\gamma, P^\gamma)} E_\pi[\mathrm{LCP}(X, Y)]`.
 
     :math:`X \sim Q^\gamma` is the draft block, :math:`Y \sim P^\gamma` the target's own
     :math:`\gamma`-token continuation, :math:`\mathrm{LCP}` their longest common prefix;
@@ -721,7 +1006,9 @@ def optimal_expected_accepted(target: LanguageModel, draft: LanguageModel, gamma
     T, D = _Cache(target, "target"), _Cache(draft, "draft")
     V = T(ctx).size
     if V ** (2 * gamma) > 4_000_000:
-        raise ValueError(f"the block LP has (V**gamma)**2 = {V ** (2 * gamma)} variables; lower V or gamma")
+        raise ValueError(
+            f"the block LP has (V**gamma)**2 = {V ** (2 * gamma)} variables; lower V or gamma"
+        )
     paths, qx = _block_law(D, ctx, gamma, V)
     _, py = _block_law(T, ctx, gamma, V)
     eq = paths[:, None, :] == paths[None, :, :]
@@ -730,8 +1017,14 @@ def optimal_expected_accepted(target: LanguageModel, draft: LanguageModel, gamma
     return float(-value)
 
 
-def optimal_block_efficiency(target: LanguageModel, draft: LanguageModel, gamma: int, *,
-                             context: Sequence[int] = (), solver: str = "pot") -> float:
+def optimal_block_efficiency(
+    target: LanguageModel,
+    draft: LanguageModel,
+    gamma: int,
+    *,
+    context: Sequence[int] = (),
+    solver: str = "pot",
+) -> float:
     """Tokens per call of the full-information block LP: :func:`optimal_expected_accepted` + 1."""
     return optimal_expected_accepted(target, draft, gamma, context=context, solver=solver) + 1.0
 
@@ -805,7 +1098,7 @@ class VerifierLP:
         if limit_denominator is not None:
             yq = [v.limit_denominator(limit_denominator) for v in yq]
         colsum = [Fraction(0)] * self.n_var
-        for r, j, v in zip(self.rows.tolist(), self.cols.tolist(), self.vals):
+        for r, j, v in zip(self.rows.tolist(), self.cols.tolist(), self.vals, strict=True):
             colsum[j] += Fraction(v) * yq[r]
         n_out = len(self.outs)
         n_str = len(self.b) - len(self.paths)
@@ -814,15 +1107,20 @@ class VerifierLP:
             short = max(Fraction(self.c[j]) - colsum[j] for j in cols)
             if short > 0:
                 yq[n_str + k] += short
-        return sum(Fraction(bi) * yi for bi, yi in zip(self.b, yq))
+        return sum(Fraction(bi) * yi for bi, yi in zip(self.b, yq, strict=True))
 
 
 def _tree(lm: _Cache, ctx: tuple[int, ...], depth: int, V: int) -> dict:
-    return {pre: lm(ctx + pre) for d in range(depth + 1) for pre in itertools.product(range(V), repeat=d)}
+    return {
+        pre: lm(ctx + pre)
+        for d in range(depth + 1)
+        for pre in itertools.product(range(V), repeat=d)
+    }
 
 
-def verifier_lp(target: LanguageModel, draft: LanguageModel, gamma: int, *,
-                context: Sequence[int] = ()) -> VerifierLP:
+def verifier_lp(
+    target: LanguageModel, draft: LanguageModel, gamma: int, *, context: Sequence[int] = ()
+) -> VerifierLP:
     r"""Build the LP over all lossless one-iteration verifiers of one model pair (tiny V, gamma).
 
     A verifier maps the drafted block :math:`x` (with full knowledge of both models) to an
@@ -840,7 +1138,10 @@ def verifier_lp(target: LanguageModel, draft: LanguageModel, gamma: int, *,
     T, D = _Cache(target, "target"), _Cache(draft, "draft")
     V = T(ctx).size
     if V ** (2 * gamma + 1) * (gamma + 1) > 2_000_000:
-        raise ValueError(f"the verifier LP for V={V}, gamma={gamma} is too large; it is meant for tiny V and gamma")
+        raise ValueError(
+            f"the verifier LP for V={V}, gamma={gamma} is too large; "
+            "it is meant for tiny V and gamma"
+        )
     p, q = _tree(T, ctx, gamma, V), _tree(D, ctx, gamma - 1, V)
     exact = _is_exact(T(ctx))
     one = Fraction(1) if exact else 1.0
@@ -873,12 +1174,21 @@ def verifier_lp(target: LanguageModel, draft: LanguageModel, gamma: int, *,
             cols.append(j)
             vals.append(one)
         b.append(prob(q, x))
-    return VerifierLP(np.array(rows, dtype=np.int64), np.array(cols, dtype=np.int64), vals, b, c,
-                      len(paths) * len(outs), paths, outs)
+    return VerifierLP(
+        np.array(rows, dtype=np.int64),
+        np.array(cols, dtype=np.int64),
+        vals,
+        b,
+        c,
+        len(paths) * len(outs),
+        paths,
+        outs,
+    )
 
 
-def full_information_accepted(target: LanguageModel, draft: LanguageModel, gamma: int, *,
-                              context: Sequence[int] = ()) -> float:
+def full_information_accepted(
+    target: LanguageModel, draft: LanguageModel, gamma: int, *, context: Sequence[int] = ()
+) -> float:
     r"""Best :math:`E[\tau]` of any lossless verifier that knows both models completely.
 
     The optimum of :func:`verifier_lp` (HiGHS). Unlike the transport bound
@@ -896,13 +1206,16 @@ def full_information_accepted(target: LanguageModel, draft: LanguageModel, gamma
 
 
 def target_law(target: LanguageModel, length: int, *, context: Sequence[int] = ()) -> np.ndarray:
-    """Exact law of the target's first ``length`` tokens, over ``V**length`` strings in lexicographic order."""
+    """Exact law of the target's first ``length`` tokens.
+
+    Returns ``V**length`` probabilities, strings in lexicographic order.
+    """
     length = _check_gamma(length)
     ctx = tuple(int(t) for t in context)
     T = _Cache(target, "target")
     V = T(ctx).size
     exact = _is_exact(T(ctx))
-    out = np.zeros(V ** length, dtype=object if exact else np.float64)
+    out = np.zeros(V**length, dtype=object if exact else np.float64)
     for k, s in enumerate(itertools.product(range(V), repeat=length)):
         pr = Fraction(1) if exact else 1.0
         for i in range(length):
@@ -913,8 +1226,15 @@ def target_law(target: LanguageModel, length: int, *, context: Sequence[int] = (
     return out
 
 
-def stream_law(rule: str, target: LanguageModel, draft: LanguageModel, gamma: int, length: int, *,
-               context: Sequence[int] = ()) -> np.ndarray:
+def stream_law(
+    rule: str,
+    target: LanguageModel,
+    draft: LanguageModel,
+    gamma: int,
+    length: int,
+    *,
+    context: Sequence[int] = (),
+) -> np.ndarray:
     r"""Exact law of the first ``length`` generated tokens when iterating ``rule``.
 
     Iterates speculative decoding with exact probabilities: from each generated prefix
@@ -923,7 +1243,7 @@ def stream_law(rule: str, target: LanguageModel, draft: LanguageModel, gamma: in
     branch has at least ``length`` tokens. Returns a ``V**length`` array in lexicographic
     order; lossless means it equals :func:`target_law`.
     """
-    _check_rule(rule)
+    _check_rule(rule, gumbel=True)
     gamma = _check_gamma(gamma)
     length = _check_gamma(length)
     ctx = tuple(int(t) for t in context)
@@ -936,28 +1256,28 @@ def stream_law(rule: str, target: LanguageModel, draft: LanguageModel, gamma: in
     while frontier:
         pre = min(frontier, key=len)  # shortest first: every merge into it has already happened
         mass = frontier.pop(pre)
-        for x, qx, P, Q in path_laws(T, D, gamma, context=ctx + pre):
-            tau, nxt = _path_law(rule, x, P, Q)
-            for t in range(gamma + 1):
-                if tau[t] == 0:
-                    continue
-                for y in range(V):
-                    if nxt[t, y] == 0:
-                        continue
-                    new = (pre + tuple(int(v) for v in x[:t]) + (y,))[:length]
-                    w = mass * qx * tau[t] * nxt[t, y]
-                    bucket = done if len(new) == length else frontier
-                    bucket[new] = bucket.get(new, 0 * one) + w
-    out = np.zeros(V ** length, dtype=object if exact else np.float64)
+        for emitted, _, prob in _outcomes(rule, T, D, gamma, ctx + pre):
+            new = (pre + emitted)[:length]
+            bucket = done if len(new) == length else frontier
+            bucket[new] = bucket.get(new, 0 * one) + mass * prob
+    out = np.zeros(V**length, dtype=object if exact else np.float64)
     for s, w in done.items():
         out[int(np.ravel_multi_index(s, (V,) * length))] = w
     return out
 
 
-def sample_stream(rule: str, target: LanguageModel, draft: LanguageModel, gamma: int, length: int,
-                  rng: np.random.Generator, *, context: Sequence[int] = ()) -> np.ndarray:
+def sample_stream(
+    rule: str,
+    target: LanguageModel,
+    draft: LanguageModel,
+    gamma: int,
+    length: int,
+    rng: np.random.Generator,
+    *,
+    context: Sequence[int] = (),
+) -> np.ndarray:
     """Run speculative decoding until at least ``length`` tokens; return the first ``length``."""
-    _check_rule(rule)
+    _check_rule(rule, gumbel=True)
     length = _check_gamma(length)
     ctx = tuple(int(t) for t in context)
     out: list[int] = []
@@ -972,7 +1292,9 @@ def sample_stream(rule: str, target: LanguageModel, draft: LanguageModel, gamma:
 
 
 def motivating_example(exact: bool = True):
-    """Sun et al.'s example: V = {a, b}, target (1/3, 2/3), draft (2/3, 1/3), context-independent, gamma = 2.
+    """Sun et al.'s motivating example, ``(target, draft, gamma)``.
+
+    V = {a, b}, context-independent target (1/3, 2/3) and draft (2/3, 1/3), gamma = 2.
 
     Returns ``(target, draft, gamma)``; with ``exact=True`` the models return Fraction
     arrays, so :func:`expected_accepted` gives 10/9 (token) and 11/9 (block) exactly.

@@ -29,13 +29,14 @@ Sort tokens by :math:`p(x)/q(x)` decreasing (``q = 0 < p`` first, ratio :math:`+
 * Without replacement (successive sampling), ``P(hit H)`` is not a function of ``q(H)``.
   That the best ``H`` is still a prefix of the same order is checked exhaustively over all
   ``2^V`` subsets on random instances in ``proofs/multidraft_mincut.py`` (no symbolic
-  proof here). The prefix values need :math:`P(\text{avoid } H_m)`:
-  ``k = 1``: :math:`q(H^c)`; ``k = 2``:
-  :math:`\sum_{a \in C} q_a (q(C) - q_a)/(1 - q_a)` with :math:`C = H^c`, i.e.
-  :math:`q(C) A_C - B_C` for suffix sums :math:`A_C = \sum_C q_a/(1-q_a)`,
-  :math:`B_C = \sum_C q_a^2/(1-q_a)` (O(V log V)); ``k >= 3``: one pass over the
+  proof here). The prefix values need :math:`P(\text{hit } H_m)`:
+  ``k = 1``: :math:`q(H)`; ``k = 2``:
+  :math:`P(\text{hit } H) = q(H) + \sum_{a \in C} q_a\, q(H)/(1 - q_a) = q(H)(1 + A_C)` with
+  :math:`C = H^c` and the suffix sums :math:`A_C = \sum_{a \in C} q_a/(1-q_a)` (a sum of
+  non-negative terms; :math:`1 - q_a` is taken as the sum of the other entries)
+  (O(V log V)); ``k >= 3``: one pass over the
   enumerated tuple law, binning each tuple's mass by its smallest rank in the order
-  (a tuple avoids :math:`H_m` iff its minimum rank is ``>= m``), cost O(V^k k), limited by
+  (a tuple hits :math:`H_m` iff its minimum rank is ``< m``), cost O(V^k k), limited by
   :data:`coupling.dist.MAX_TUPLES`. A fast exact large-V method for ``k >= 3`` without
   replacement is not implemented (``ValueError`` says so).
 
@@ -64,29 +65,40 @@ def ratio_order(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     return np.argsort(-ratio)
 
 
-def _avoid_prefixes(
-    p: np.ndarray, q: np.ndarray, k: int, replacement: bool, order: np.ndarray
-) -> np.ndarray:
-    """``P(all k drafts avoid H_m)`` for every prefix ``H_m = order[:m]``, m = 0..V."""
+def _rest(q: np.ndarray) -> np.ndarray:
+    """``1 - q_x`` computed as the sum of the *other* entries (prefix + suffix sums), which
+    keeps its relative accuracy when ``q_x`` is close to 1 (``1 - q_x`` would cancel)."""
+    pre = np.concatenate([[0.0], np.cumsum(q)[:-1]])
+    suf = np.concatenate([np.cumsum(q[::-1])[::-1][1:], [0.0]])
+    return pre + suf
+
+
+def _hit_prefixes(q: np.ndarray, k: int, replacement: bool, order: np.ndarray) -> np.ndarray:
+    """``P(some of the k drafts lies in H_m)`` for every prefix ``H_m = order[:m]``, m = 0..V.
+
+    Written as sums of non-negative terms wherever possible, so that no prefix value loses
+    digits to cancellation (e.g. a token with ``q`` close to 1 drawn without replacement).
+    """
     qs = q[order]
+    head_q = np.concatenate([[0.0], np.cumsum(qs)])  # q(H_m)
     tail_q = np.concatenate([np.cumsum(qs[::-1])[::-1], [0.0]])  # q(C_m), C_m = order[m:]
     if k == 1:
-        return tail_q
+        return head_q
     if replacement:
-        return tail_q**k
+        # 1 - (1 - s)^k with 1 - s taken as the tail sum (accurate when s is close to 1)
+        return 1.0 - tail_q**k
     if k == 2:
-        w = qs / (1.0 - qs)
-        A = np.concatenate([np.cumsum(w[::-1])[::-1], [0.0]])
-        B = np.concatenate([np.cumsum((qs * w)[::-1])[::-1], [0.0]])
-        return np.clip(tail_q * A - B, 0.0, 1.0)
+        # P(hit) = q(H) + sum_{a in C} q_a q(H) / (1 - q_a) = q(H) (1 + A_C)
+        A = np.concatenate([np.cumsum((qs / _rest(qs))[::-1])[::-1], [0.0]])
+        return np.minimum(head_q * (1.0 + A), 1.0)
     V = q.size
     tuples, probs = tuple_law(q, k, replacement=False)
     rank = np.empty(V, dtype=np.int64)
     rank[order] = np.arange(V)
     mins = rank[tuples].min(axis=1)
     hist = np.bincount(mins, weights=probs, minlength=V)
-    # avoid H_m  <=>  min rank >= m
-    return np.concatenate([np.cumsum(hist[::-1])[::-1], [0.0]])
+    # hit H_m  <=>  the tuple's smallest rank is < m
+    return np.concatenate([[0.0], np.cumsum(hist)])
 
 
 def optimal_cut(
@@ -122,8 +134,7 @@ def _scan(pa: np.ndarray, qa: np.ndarray, k: int, replacement: bool) -> tuple[fl
     order = ratio_order(pa, qa)
     ps = pa[order]
     tail_p = np.concatenate([np.cumsum(ps[::-1])[::-1], [0.0]])  # p(H_m^c)
-    avoid = _avoid_prefixes(pa, qa, k, replacement, order)
-    vals = tail_p + (1.0 - avoid)
+    vals = tail_p + _hit_prefixes(qa, k, replacement, order)
     m = int(np.argmin(vals))
     return float(min(1.0, max(0.0, vals[m]))), order[:m].astype(np.int64)
 

@@ -26,8 +26,8 @@ import sys
 
 import numpy as np
 import sympy as sp
-
 from _block_common import constant_lm, simplex_grid
+
 from coupling.block import expected_accepted, path_law, path_laws
 
 
@@ -39,9 +39,9 @@ def symbolic_gamma_one() -> bool:
     ok = sp.simplify(h1 - a1) == 0
     x = sp.symbols("x0:3", nonnegative=True)
     y = sp.symbols("y0:3", nonnegative=True)
-    res_block = [sp.Max(1 * xi - yi, 0) for xi, yi in zip(x, y)]  # w_0 = 1
-    res_token = [sp.Max(xi - yi, 0) for xi, yi in zip(x, y)]
-    ok &= all(sp.simplify(a - b) == 0 for a, b in zip(res_block, res_token))
+    res_block = [sp.Max(1 * xi - yi, 0) for xi, yi in zip(x, y, strict=True)]  # w_0 = 1
+    res_token = [sp.Max(xi - yi, 0) for xi, yi in zip(x, y, strict=True)]
+    ok &= all(sp.simplify(a - b) == 0 for a, b in zip(res_block, res_token, strict=True))
     print(f"gamma = 1 symbolic: h_1 == a_1 and residuals agree: {ok}")
     return ok
 
@@ -62,11 +62,13 @@ def main() -> int:
         return 1
     models = list(order1_models(2, 3))
     pairs = [(t, d) for t in models for d in models]
-    pairs += [(constant_lm(p), constant_lm(q)) for p in simplex_grid(3, 3) for q in simplex_grid(3, 3)]
+    pairs += [
+        (constant_lm(p), constant_lm(q)) for p in simplex_grid(3, 3) for q in simplex_grid(3, 3)
+    ]
     n = strict = 0
     for t, d in pairs:
         for x, _, P, Q in path_laws(t, d, 1):
-            for a, b in zip(path_law("token", x, P, Q), path_law("block", x, P, Q)):
+            for a, b in zip(path_law("token", x, P, Q), path_law("block", x, P, Q), strict=True):
                 if not np.array_equal(a, b):
                     print("gamma = 1 laws differ")
                     return 1
@@ -78,8 +80,10 @@ def main() -> int:
                 return 1
             strict += blk > tok
             n += 1
-    print(f"{len(pairs)} model pairs: gamma = 1 per-path laws identical; "
-          f"{n} (pair, gamma in {{2, 3}}) cases with block >= token exactly, {strict} strictly")
+    print(
+        f"{len(pairs)} model pairs: gamma = 1 per-path laws identical; "
+        f"{n} (pair, gamma in {{2, 3}}) cases with block >= token exactly, {strict} strictly"
+    )
     print("VERIFIED")
     return 0
 

@@ -30,8 +30,8 @@ import sys
 from fractions import Fraction
 
 import numpy as np
-
 from _block_common import constant_lm, rational_lm, simplex_grid
+
 from coupling.block import block_weights, path_law, path_laws, stream_law, target_law
 
 L = 4

@@ -53,19 +53,32 @@ def transport_certificate(p, q, gamma=2) -> Fraction | None:
         for j in range(n):
             A[i, i * n + j] = 1
             A[n + j, i * n + j] = 1
-    res = linprog(-np.array(lcp, float).ravel(), A_eq=A, b_eq=np.array(a + b, float),
-                  bounds=(0, None), method="highs")
-    plan = [[Fraction(float(v)).limit_denominator(1000) for v in row] for row in res.x.reshape(n, n)]
+    res = linprog(
+        -np.array(lcp, float).ravel(),
+        A_eq=A,
+        b_eq=np.array(a + b, float),
+        bounds=(0, None),
+        method="highs",
+    )
+    plan = [
+        [Fraction(float(v)).limit_denominator(1000) for v in row] for row in res.x.reshape(n, n)
+    ]
     dual = [Fraction(float(-v)).limit_denominator(1000) for v in res.eqlin.marginals]
     u, v = dual[:n], dual[n:]
-    primal_ok = (all(x >= 0 for row in plan for x in row)
-                 and all(sum(plan[i]) == a[i] for i in range(n))
-                 and all(sum(plan[i][j] for i in range(n)) == b[j] for j in range(n)))
+    primal_ok = (
+        all(x >= 0 for row in plan for x in row)
+        and all(sum(plan[i]) == a[i] for i in range(n))
+        and all(sum(plan[i][j] for i in range(n)) == b[j] for j in range(n))
+    )
     dual_ok = all(u[i] + v[j] >= lcp[i][j] for i in range(n) for j in range(n))
     primal = sum(plan[i][j] * lcp[i][j] for i in range(n) for j in range(n))
-    bound = sum(ai * ui for ai, ui in zip(a, u)) + sum(bj * vj for bj, vj in zip(b, v))
-    print(f"transport LP: primal coupling value {primal} (feasible: {primal_ok}), "
-          f"dual bound {bound} (feasible: {dual_ok})")
+    bound = sum(ai * ui for ai, ui in zip(a, u, strict=True)) + sum(
+        bj * vj for bj, vj in zip(b, v, strict=True)
+    )
+    print(
+        f"transport LP: primal coupling value {primal} (feasible: {primal_ok}), "
+        f"dual bound {bound} (feasible: {dual_ok})"
+    )
     return primal if primal_ok and dual_ok and primal == bound else None
 
 
@@ -74,7 +87,9 @@ def main() -> int:
     tok, blk = expected_accepted("token", t, d, g), expected_accepted("block", t, d, g)
     print(f"token verification: {tok} accepted draft tokens per iteration")
     print(f"block verification: {blk}")
-    lossless = all(np.array_equal(stream_law(r, t, d, g, 4), target_law(t, 4)) for r in ("token", "block"))
+    lossless = all(
+        np.array_equal(stream_law(r, t, d, g, 4), target_law(t, 4)) for r in ("token", "block")
+    )
     print(f"both lossless on this example (exact stream law, L=4): {lossless}")
     tf, df, _ = motivating_example(exact=False)
     lcp_float = optimal_expected_accepted(tf, df, g)
@@ -83,9 +98,18 @@ def main() -> int:
     lp = verifier_lp(t, d, g)
     value, _, y = lp.solve()
     bound = lp.dual_bound(y, limit_denominator=1000)
-    print(f"best lossless verifier with full knowledge: LP value {value:.15f}, exact dual bound {bound}")
-    ok = (tok == Fraction(10, 9) and blk == Fraction(11, 9) and lossless
-          and lcp == Fraction(12, 9) and abs(lcp_float - 12 / 9) < 1e-9 and bound == Fraction(11, 9))
+    print(
+        f"best lossless verifier with full knowledge: LP value {value:.15f}, "
+        f"exact dual bound {bound}"
+    )
+    ok = (
+        tok == Fraction(10, 9)
+        and blk == Fraction(11, 9)
+        and lossless
+        and lcp == Fraction(12, 9)
+        and abs(lcp_float - 12 / 9) < 1e-9
+        and bound == Fraction(11, 9)
+    )
     print("VERIFIED" if ok else "FAILED")
     return 0 if ok else 1
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import sys
 
 from _block_common import rational_lm
+
 from coupling.block import expected_accepted, verifier_lp
 
 TOL = 1e-9
@@ -62,14 +63,20 @@ def main() -> int:
                 gap = float(bound - blk)
                 worst = max(worst, gap)
                 if bound < blk or gap > TOL:
-                    print(f"NOT OPTIMAL? {t.describe} gamma={gamma}: block {float(blk):.12f}, "
-                          f"LP {value:.12f}, certified bound {float(bound):.12f}")
+                    print(
+                        f"NOT OPTIMAL? {t.describe} gamma={gamma}: block {float(blk):.12f}, "
+                        f"LP {value:.12f}, certified bound {float(bound):.12f}"
+                    )
                     return 1
                 n += 1
-                print(f"V={V} gamma={gamma} order={order}: block = {float(blk):.12f}, "
-                      f"full-information optimum <= {float(bound):.12f} (gap {gap:.1e})")
-    print(f"{n} instances: block verification is within {worst:.1e} of a rigorous upper bound "
-          f"on every lossless verifier ({exact_eq} with an exact rational certificate of equality)")
+                print(
+                    f"V={V} gamma={gamma} order={order}: block = {float(blk):.12f}, "
+                    f"full-information optimum <= {float(bound):.12f} (gap {gap:.1e})"
+                )
+    print(
+        f"{n} instances: block verification is within {worst:.1e} of a rigorous upper bound "
+        f"on every lossless verifier ({exact_eq} with an exact rational certificate of equality)"
+    )
     print("VERIFIED")
     return 0
 

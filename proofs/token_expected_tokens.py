@@ -25,8 +25,8 @@ from __future__ import annotations
 import sys
 
 import sympy as sp
-
 from _block_common import constant_lm, simplex_grid
+
 from coupling.block import accepted_length_law, block_efficiency
 
 
@@ -55,14 +55,16 @@ def exact_code_check() -> bool:
         laws = list(simplex_grid(V, 3))
         for p in laws:
             for q in laws:
-                alpha = sum(min(pi, qi) for pi, qi in zip(p, q))
+                alpha = sum(min(pi, qi) for pi, qi in zip(p, q, strict=True))
                 t, d = constant_lm(p), constant_lm(q)
                 for g in range(1, 5 if V == 2 else 4):
                     law = accepted_length_law("token", t, d, g)
                     expect = [alpha**i * (1 - alpha) for i in range(g)] + [alpha**g]
                     closed = g + 1 if alpha == 1 else (1 - alpha ** (g + 1)) / (1 - alpha)
                     if list(law) != expect or block_efficiency("token", t, d, g) != closed:
-                        print(f"MISMATCH p={list(p)} q={list(q)} gamma={g}: {list(law)} vs {expect}")
+                        print(
+                            f"MISMATCH p={list(p)} q={list(q)} gamma={g}: {list(law)} vs {expect}"
+                        )
                         return False
                     n += 1
     print(f"exact code check: {n} (p, q, gamma) cases agree exactly")

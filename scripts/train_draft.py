@@ -132,21 +132,24 @@ def agreement(draft, data, temperature=1.0, max_seq=24):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--n-prompts", type=int, default=544)
-    ap.add_argument("--new-tokens", type=int, default=192)
+    ap.add_argument("--n-prompts", type=int, default=208)
+    ap.add_argument("--new-tokens", type=int, default=160)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--top-k", type=int, default=64)
-    ap.add_argument("--minutes-train", type=float, default=8.0)
+    ap.add_argument("--minutes-train", type=float, default=7.0)
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--seq-per-step", type=int, default=8)
+    ap.add_argument("--seq-per-step", type=int, default=4)
     ap.add_argument("--init-layer", type=int, default=0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads (1 avoids OpenMP stalls on a loaded shared machine)")
     ap.add_argument("--corpus", type=Path, default=models.cache_dir() / "draft_corpus.pt",
                     help="cached corpus (regenerated if missing)")
     ap.add_argument("--out", type=Path, default=models.DRAFT_WEIGHTS)
     args = ap.parse_args(argv)
 
     t_start = time.perf_counter()
+    torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     target = models.load_target("bfloat16")
     tok = models.load_tokenizer()

@@ -27,6 +27,7 @@ from coupling.block import (
     constant_acceptance_efficiency,
     expected_accepted,
     full_information_accepted,
+    gumbel_match,
     motivating_example,
     optimal_block_efficiency,
     optimal_expected_accepted,
@@ -38,6 +39,7 @@ from coupling.block import (
     target_law,
     verifier_lp,
     verify_block,
+    verify_block_gumbel,
 )
 from coupling.dist import tv
 
@@ -45,8 +47,10 @@ F = Fraction
 
 
 def pair(V, order, seed, conc=1.0):
-    return (TabularLM(V, order, seed=seed, concentration=conc),
-            TabularLM(V, order, seed=seed + 1000, concentration=conc))
+    return (
+        TabularLM(V, order, seed=seed, concentration=conc),
+        TabularLM(V, order, seed=seed + 1000, concentration=conc),
+    )
 
 
 def rational_lm(V, order, seed, denom=7):
@@ -113,13 +117,16 @@ def test_tabular_lm_concentration_controls_spread():
     assert sharp > 0.5 > 0.2 > flat
 
 
-@pytest.mark.parametrize("kwargs, msg", [
-    (dict(vocab_size=0), "vocab_size"),
-    (dict(vocab_size=3, order=-1), "order"),
-    (dict(vocab_size=3, concentration=0.0), "concentration"),
-    (dict(vocab_size=3, concentration=float("nan")), "concentration"),
-    (dict(vocab_size=1000, order=3), "lower order"),
-])
+@pytest.mark.parametrize(
+    "kwargs, msg",
+    [
+        (dict(vocab_size=0), "vocab_size"),
+        (dict(vocab_size=3, order=-1), "order"),
+        (dict(vocab_size=3, concentration=0.0), "concentration"),
+        (dict(vocab_size=3, concentration=float("nan")), "concentration"),
+        (dict(vocab_size=1000, order=3), "lower order"),
+    ],
+)
 def test_tabular_lm_validates(kwargs, msg):
     with pytest.raises(ValueError, match=msg):
         TabularLM(**kwargs)
@@ -164,7 +171,9 @@ def _path(V=4, gamma=3, seed=0, conc=0.7):
     return np.array(xs), P, Q
 
 
-@pytest.mark.parametrize("rule", RULES + NEGATIVE_CONTROLS)
+@pytest.mark.parametrize(
+    "rule", [r for r in RULES + NEGATIVE_CONTROLS if not r.startswith("gumbel")]
+)
 def test_path_law_is_a_law(rule):
     x, P, Q = _path()
     tau, nxt = path_law(rule, x, P, Q)
@@ -186,7 +195,7 @@ def test_block_weights_closed_form():
 
 def test_gamma_one_block_equals_token():
     x, P, Q = _path(gamma=1)
-    for a, b in zip(path_law("token", x, P, Q), path_law("block", x, P, Q)):
+    for a, b in zip(path_law("token", x, P, Q), path_law("block", x, P, Q), strict=True):
         assert np.allclose(a, b, atol=1e-15)
 
 
@@ -245,8 +254,12 @@ def test_verify_block_emission_law_chisquare(rule):
     x, P, Q = _path(seed=4, conc=0.5)
     tau, nxt = path_law(rule, x, P, Q)
     V, g = P.shape[1], x.size
-    expected = {tuple(x[:t].tolist()) + (y,): tau[t] * nxt[t, y]
-                for t in range(g + 1) for y in range(V) if tau[t] * nxt[t, y] > 0}
+    expected = {
+        tuple(x[:t].tolist()) + (y,): tau[t] * nxt[t, y]
+        for t in range(g + 1)
+        for y in range(V)
+        if tau[t] * nxt[t, y] > 0
+    }
     keys = list(expected)
     rng = np.random.default_rng(123)
     n = 20_000
@@ -284,8 +297,9 @@ def test_stream_law_exact_rationals():
     for rule in RULES:
         law = stream_law(rule, t, d, 3, 4, context=(1,))
         assert np.array_equal(law, target_law(t, 4, context=(1,)))
-    assert not np.array_equal(stream_law("block-plain-residual", t, d, 3, 4, context=(1,)),
-                              target_law(t, 4, context=(1,)))
+    assert not np.array_equal(
+        stream_law("block-plain-residual", t, d, 3, 4, context=(1,)), target_law(t, 4, context=(1,))
+    )
 
 
 def _stream_chisquare(rule, n, seed):
@@ -307,23 +321,30 @@ def _stream_chisquare(rule, n, seed):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("rule", RULES + ("gumbel",))
 def test_stream_chisquare_lossless(rule):
     # 4-token prefixes, V = 3, gamma = 3: false-positive rate 1e-3 per rule (fixed seed)
     assert _stream_chisquare(rule, 12_000, seed=11) > 1e-3
 
 
 @pytest.mark.slow
-def test_stream_chisquare_negative_control_fails():
-    # block verification with the plain residual (exact TV 0.049 here) must be rejected
-    assert _stream_chisquare("block-plain-residual", 12_000, seed=11) < 1e-6
+@pytest.mark.parametrize("rule", ["block-plain-residual", "gumbel-emit-draft"])
+def test_stream_chisquare_negative_control_fails(rule):
+    # block verification with the plain residual (exact TV 0.049 here), or the Gumbel rule
+    # emitting its draft at a disagreement, must be rejected
+    assert _stream_chisquare(rule, 12_000, seed=11) < 1e-6
 
 
 # ------------------------------------------------------------------ efficiency
 
 
-@given(st.integers(2, 4), st.integers(1, 3), st.integers(0, 2), st.integers(0, 10_000),
-       st.sampled_from([0.3, 1.0, 3.0]))
+@given(
+    st.integers(2, 4),
+    st.integers(1, 3),
+    st.integers(0, 2),
+    st.integers(0, 10_000),
+    st.sampled_from([0.3, 1.0, 3.0]),
+)
 @settings(max_examples=25)
 def test_block_never_below_token(V, gamma, order, seed, conc):
     t, d = pair(V, order, seed, conc)
@@ -358,9 +379,9 @@ def test_efficiency_ordering_and_full_information_optimum(V, gamma, seed):
     bound = float(lp.dual_bound(y))
     lcp = optimal_expected_accepted(t, d, gamma)
     assert tok <= blk + 1e-12
-    assert full == pytest.approx(blk, abs=1e-8)      # block is the full-information optimum
+    assert full == pytest.approx(blk, abs=1e-8)  # block is the full-information optimum
     assert blk <= bound + 1e-12 and bound - blk < 1e-8  # rigorous upper bound, tight
-    assert full <= lcp + 1e-9                         # transport relaxation bounds everything
+    assert full <= lcp + 1e-9  # transport relaxation bounds everything
     assert full_information_accepted(t, d, gamma) == pytest.approx(full)
 
 
@@ -405,19 +426,40 @@ def test_inverse_cdf_final_token():
     assert verify_block("token", x, P, Q, None, uniforms=u)[3] == np.flatnonzero(P[3] > 0)[-1]
 
 
-@pytest.mark.parametrize("call, msg", [
-    (lambda x, P, Q: verify_block("nope", x, P, Q, np.random.default_rng()), "rule must be"),
-    (lambda x, P, Q: verify_block("block", x, P[:2], Q, np.random.default_rng()), "shape mismatch"),
-    (lambda x, P, Q: verify_block("block", x[:2], P, Q, np.random.default_rng()), "shape mismatch"),
-    (lambda x, P, Q: verify_block("block", x, P, Q, None), "rng must be"),
-    (lambda x, P, Q: verify_block("block", x, P, Q, None, uniforms=[0.1, 0.2, 0.3]), "rng must be"),
-    (lambda x, P, Q: verify_block("block", x, P, Q, None, uniforms=[0.1, 1.0, 0.3, 0.2]), r"\[0, 1\)"),
-    (lambda x, P, Q: verify_block("block", x, P, Q, None, uniforms=[0.1]), "uniforms must have"),
-    (lambda x, P, Q: verify_block("block", x + 10, P, Q, None, uniforms=[0.1] * 4), "outside"),
-    (lambda x, P, Q: verify_block("block", x.astype(float), P, Q, None, uniforms=[0.1] * 4), "integer"),
-    (lambda x, P, Q: verify_block("block", x, P * 2, Q, None, uniforms=[0.1] * 4), "sums to"),
-    (lambda x, P, Q: verify_block("block", x, P, -Q, None, uniforms=[0.1] * 4), "negative"),
-])
+@pytest.mark.parametrize(
+    "call, msg",
+    [
+        (lambda x, P, Q: verify_block("nope", x, P, Q, np.random.default_rng()), "rule must be"),
+        (
+            lambda x, P, Q: verify_block("block", x, P[:2], Q, np.random.default_rng()),
+            "shape mismatch",
+        ),
+        (
+            lambda x, P, Q: verify_block("block", x[:2], P, Q, np.random.default_rng()),
+            "shape mismatch",
+        ),
+        (lambda x, P, Q: verify_block("block", x, P, Q, None), "rng must be"),
+        (
+            lambda x, P, Q: verify_block("block", x, P, Q, None, uniforms=[0.1, 0.2, 0.3]),
+            "rng must be",
+        ),
+        (
+            lambda x, P, Q: verify_block("block", x, P, Q, None, uniforms=[0.1, 1.0, 0.3, 0.2]),
+            r"\[0, 1\)",
+        ),
+        (
+            lambda x, P, Q: verify_block("block", x, P, Q, None, uniforms=[0.1]),
+            "uniforms must have",
+        ),
+        (lambda x, P, Q: verify_block("block", x + 10, P, Q, None, uniforms=[0.1] * 4), "outside"),
+        (
+            lambda x, P, Q: verify_block("block", x.astype(float), P, Q, None, uniforms=[0.1] * 4),
+            "integer",
+        ),
+        (lambda x, P, Q: verify_block("block", x, P * 2, Q, None, uniforms=[0.1] * 4), "sums to"),
+        (lambda x, P, Q: verify_block("block", x, P, -Q, None, uniforms=[0.1] * 4), "negative"),
+    ],
+)
 def test_verify_block_validates(call, msg):
     x, P, Q = _path()
     with pytest.raises(ValueError, match=msg):
@@ -451,3 +493,97 @@ def test_analysis_validates_arguments():
 
     with pytest.raises(ValueError, match=r"target\(\(\)\) has negative"):
         block_efficiency("block", bad, d, 2)
+
+
+# ------------------------------------------------------------------ drafter-invariant (Gumbel) rule
+
+
+@pytest.mark.parametrize("gamma", [1, 2, 3])
+def test_gumbel_stream_law_is_target_law(gamma):
+    t, d = pair(3, 2, 4, 0.3)
+    target = target_law(t, 4, context=(1,))
+    assert tv(stream_law("gumbel", t, d, gamma, 4, context=(1,)), target) < 1e-12
+    assert tv(stream_law("gumbel-emit-draft", t, d, gamma, 4, context=(1,)), target) > 0.1
+
+
+def test_gumbel_exact_rationals_and_binary_maximality():
+    t, d = rational_lm(3, 1, seed=3), rational_lm(3, 1, seed=4)
+    assert np.array_equal(stream_law("gumbel", t, d, 2, 3), target_law(t, 3))
+    # with two tokens the Gumbel-max coupling is a maximal coupling: it matches token verification
+    te, de, g = motivating_example()
+    assert expected_accepted("gumbel", te, de, g) == F(10, 9)
+    tb, db = rational_lm(2, 2, seed=5), rational_lm(2, 2, seed=6)
+    assert expected_accepted("gumbel", tb, db, 3) == expected_accepted("token", tb, db, 3)
+
+
+def test_gumbel_match_formula():
+    p = np.array([0.5, 0.3, 0.2, 0.0])
+    q = np.array([0.2, 0.3, 0.1, 0.4])
+    c = gumbel_match(p, q)
+    assert c[3] == 0 and np.all(c <= np.minimum(p, q) + 1e-15)
+    assert c[1] == pytest.approx(1 / (0.5 / 0.3 + 1 + 0.2 / 0.3 + 0.4 / 0.3))
+    assert (1 - tv(p, q)) / (1 + tv(p, q)) <= c.sum() <= 1 - tv(p, q)
+    # Monte Carlo check of the exponential-race formula (fixed seed; 5 sigma)
+    rng = np.random.default_rng(7)
+    G = rng.gumbel(size=(200_000, 4))
+    with np.errstate(divide="ignore"):
+        x, y = np.argmax(np.log(q) + G, axis=1), np.argmax(np.log(p) + G, axis=1)
+    for b in range(4):
+        freq = np.mean((x == b) & (y == b))
+        assert abs(freq - c[b]) < 5 * np.sqrt(c[b] * (1 - c[b]) / 200_000) + 1e-12
+
+
+@given(st.integers(2, 4), st.integers(1, 3), st.integers(0, 10_000))
+@settings(max_examples=15)
+def test_gumbel_never_above_token(V, gamma, seed):
+    t, d = pair(V, 1, seed)
+    assert (
+        expected_accepted("gumbel", t, d, gamma) <= expected_accepted("token", t, d, gamma) + 1e-12
+    )
+
+
+def test_gumbel_emission_law_chisquare():
+    # emitted tokens of sample_block("gumbel") vs the exact outcome law; false-positive rate 1e-3
+    t, d = pair(3, 2, 4, 0.5)
+    from coupling.block import _Cache, _outcomes
+
+    law = {}
+    for emitted, _, prob in _outcomes("gumbel", _Cache(t, "t"), _Cache(d, "d"), 3, (0,)):
+        law[emitted] = law.get(emitted, 0.0) + prob
+    keys = list(law)
+    rng = np.random.default_rng(99)
+    n = 20_000
+    counts = dict.fromkeys(keys, 0)
+    for _ in range(n):
+        counts[tuple(sample_block("gumbel", t, d, 3, rng, context=(0,)).tolist())] += 1
+    f_obs = np.array([counts[k] for k in keys], float)
+    f_exp = np.array([law[k] for k in keys]) * n
+    assert f_obs.sum() == n and abs(f_exp.sum() - n) < 1e-6
+    small = f_exp < 5
+    f_obs = np.append(f_obs[~small], f_obs[small].sum())
+    f_exp = np.append(f_exp[~small], f_exp[small].sum())
+    assert stats.chisquare(f_obs, f_exp).pvalue > 1e-3
+
+
+def test_verify_block_gumbel_reference():
+    x, P, _ = _path(seed=1)
+    G = np.random.default_rng(0).gumbel(size=P.shape)
+    out = verify_block_gumbel(x, P, G)
+    y = [int(np.argmax(np.log(P[i]) + G[i])) for i in range(4)]
+    tau = next((i for i in range(3) if x[i] != y[i]), 3)
+    assert np.array_equal(out, np.append(x[:tau], y[tau]))
+    # drafts equal to the target's own Gumbel-max picks are all accepted
+    assert np.array_equal(verify_block_gumbel(np.array(y[:3]), P, G), y)
+    with pytest.raises(ValueError, match="gumbels"):
+        verify_block_gumbel(x, P, G[:2])
+    with pytest.raises(ValueError, match="verify_block_gumbel"):
+        verify_block("gumbel", x, P, _path(seed=1)[2], np.random.default_rng())
+
+
+def test_position_gumbels_are_keyed_by_position():
+    from coupling.block import position_gumbels
+
+    a = position_gumbels(3, [10, 11, 12], 5)
+    assert a.shape == (3, 5)
+    assert np.array_equal(a[1:], position_gumbels(3, [11, 12], 5))
+    assert not np.array_equal(a, position_gumbels(4, [10, 11, 12], 5))

@@ -43,14 +43,20 @@ def test_analyze_multi_draft_rows(capsys):
 
 
 def test_analyze_block_paper_example(capsys):
-    """Sun et al.'s example: 10/9 (token), 11/9 (block), 12/9 (full information) accepted tokens."""
+    """Sun et al.'s example: 10/9 (token), 11/9 (block), 12/9 (block transport) accepted tokens.
+
+    11/9 is also the LP optimum over every lossless verifier, even one knowing both models:
+    the 12/9 transport bound couples draft tokens with target tokens after the first
+    disagreement, which no verifier emits.
+    """
     args = ["analyze", "--target", "1/3,2/3", "--draft", "2/3,1/3", "--gamma", "2", "--json"]
     assert main(args) == 0
     b = json.loads(capsys.readouterr().out)["block"]["context_free"]
     # block efficiency counts the extra target token: accepted + 1
     assert b["token"] == pytest.approx(float(Fraction(10, 9) + 1), abs=1e-12)
     assert b["block"] == pytest.approx(float(Fraction(11, 9) + 1), abs=1e-12)
-    assert b["optimal_full_information"] == pytest.approx(float(Fraction(12, 9) + 1), abs=1e-9)
+    assert b["transport_bound"] == pytest.approx(float(Fraction(12, 9) + 1), abs=1e-9)
+    assert b["optimal_lossless_verifier"] == pytest.approx(float(Fraction(11, 9) + 1), abs=1e-9)
 
 
 def test_analyze_table_output():

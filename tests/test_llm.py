@@ -40,7 +40,11 @@ def tiny_llama(seed: int, layers: int = 2, scale: float = 1.0):
 
 @pytest.fixture(scope="module")
 def pair():
-    return tiny_llama(0), tiny_llama(1, layers=1)
+    # tiny matmuls: one thread avoids OpenMP spin contention on a shared 2-core machine
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield tiny_llama(0), tiny_llama(1, layers=1)
+    torch.set_num_threads(n)
 
 
 # --------------------------------------------------------------------------- sampling
@@ -197,7 +201,8 @@ def two_token_counts(target, draft, prompt, cfg, rule, k, n, gamma=2, replacemen
 
 def chi2_pvalue(counts: np.ndarray, law: np.ndarray) -> float:
     keep = law.ravel() > 0
-    assert counts.ravel()[~keep].sum() == 0, "a token of target probability 0 was emitted"
+    if counts.ravel()[~keep].sum() > 0:
+        return 0.0  # a pair of target probability 0 was emitted: certainly not the target law
     exp = law.ravel()[keep] * counts.sum()
     obs = counts.ravel()[keep]
     return float(stats.chisquare(obs, exp / exp.sum() * obs.sum()).pvalue)
@@ -207,6 +212,7 @@ CFG3 = SamplingConfig(1.0, top_k=3)
 PROMPT = [1, 2, 3]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rule,k", [("token", 1), ("block", 1), ("kseq", 2), ("rrs", 2),
                                     ("gumbel", 1), ("optimal", 2)])
 def test_first_two_tokens_follow_the_target_law(pair, rule, k):
@@ -215,11 +221,12 @@ def test_first_two_tokens_follow_the_target_law(pair, rule, k):
         pytest.skip(reason)
     target, draft = pair
     law = exact_two_token_law(target, PROMPT, CFG3)
-    counts = two_token_counts(target, draft, PROMPT, CFG3, rule, k, n=1500)
+    counts = two_token_counts(target, draft, PROMPT, CFG3, rule, k, n=1000)
     # false-positive rate 1e-3 per rule (fixed seeds: deterministic)
     assert chi2_pvalue(counts, law) > 1e-3
 
 
+@pytest.mark.slow
 def test_negative_control_always_accept_is_detected(pair, monkeypatch):
     """A verifier that accepts every draft outputs the draft's law: the test must catch it."""
     target, draft = pair
@@ -233,7 +240,7 @@ def test_negative_control_always_accept_is_detected(pair, monkeypatch):
         return g, 0, drafts[0].tolist() + [bonus]
 
     monkeypatch.setattr(rules_adapter, "decide", always_accept)
-    counts = two_token_counts(target, draft, PROMPT, CFG3, "token", 1, n=1500)
+    counts = two_token_counts(target, draft, PROMPT, CFG3, "token", 1, n=1000)
     assert chi2_pvalue(counts, law) < 1e-3
 
 

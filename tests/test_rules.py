@@ -359,8 +359,8 @@ def test_kseq_rho_large_vocabulary_path():
     for k in (2, 4, 8):
         rho = kseq.optimal_rho(p, q, k)
         assert 1.0 < rho <= k
-        assert kseq._g(p, q, k, rho) >= 0.0
-        assert kseq._g(p, q, k, rho * (1 - 1e-9)) < 0.0
+        assert kseq._h(p, q, k, rho) >= 0.0
+        assert kseq._h(p, q, k, rho * (1 - 1e-9)) < 0.0
         res = kseq.residual_law(p, q, k)
         assert res.min() >= 0.0 and abs(res.sum() - 1.0) < 1e-12
         # output law from the closed-form pieces: c * min(q, p / rho) + (1 - beta)^k * res == p

@@ -251,11 +251,11 @@ def models():
     [("rrs", True), ("rrs", False), ("kseq", True), ("gumbel", True)],
 )
 def test_tree_stream_lossless(rule, replacement, models):
-    """200k requests, V=4, k=3 branches, gamma=2: first 3 tokens ~ target's exact law."""
+    """100k requests, V=4, k=3 branches, gamma=2: first 3 tokens ~ target's exact law."""
     target, draft = models
     fn = {"rrs": rrs, "kseq": kseq, "gumbel": gumbel}[rule]
     kw = {} if rule == "gumbel" else {"replacement": replacement}
-    toks = simulate_tree_stream(fn, target, draft, gamma=2, k=3, length=3, B=200_000, seed=2,
+    toks = simulate_tree_stream(fn, target, draft, gamma=2, k=3, length=3, B=100_000, seed=2,
                                 replacement=replacement, verifier_kw=kw)
     assert chi2_pvalue(string_counts(toks, 4), nb.target_law(target, 3)) > ALPHA
 
@@ -309,7 +309,7 @@ def test_gumbel_negative_control_reused_noise(models):
         return walk_tree(step, x, P, Q, z[:, :g, None].expand(B, g, k), z,
                          bonus=lambda pg, u: _gumbel_target(pg, seeds, positions))
 
-    toks = simulate_tree_stream(broken, target, draft, gamma=2, k=1, length=3, B=200_000, seed=2,
+    toks = simulate_tree_stream(broken, target, draft, gamma=2, k=1, length=3, B=100_000, seed=2,
                                 drafter=gumbel_drafter)
     assert chi2_pvalue(string_counts(toks, 4), nb.target_law(target, 3)) < ALPHA
 

@@ -337,11 +337,12 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
              rule: str = "token", gamma: int = 4, k: int = 1, cfg: SamplingConfig | None = None,
              seed: int = 0, eos_token_id: int | None = None, replacement: bool = True,
              target: CachedLM | None = None, record_alpha: bool = True,
-             predict: bool = False) -> GenerationResult:
+             predict: bool = False, on_step=None) -> GenerationResult:
     """Speculative sampling of up to ``max_new_tokens`` tokens after ``prompt``.
 
     ``drafter=None`` or ``gamma=0`` gives plain autoregressive sampling through the same cache
     code (``rule="gumbel"`` then samples with the backend's Gumbel noise at (seed, position)).
+    ``on_step(record, drafts, q, p)`` is called after each verification (trace recording).
     """
     cfg = cfg or SamplingConfig()
     if max_new_tokens < 1:
@@ -349,7 +350,7 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
     if k < 1:
         raise ValueError(f"k={k} must be >= 1")
     if rule in SINGLE_DRAFT_RULES and k != 1:
-        raise ValueError(f"rule {rule!r} verifies one draft; use k=1 (multi-draft: "
+        raise ValueError(f"rule {rule!r} verifies one draft, got k={k}; use k=1 (multi-draft: "
                          f"{MULTI_DRAFT_RULES})")
     from . import rules_adapter
 
@@ -401,6 +402,8 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
                     rec.conditional = P.conditional_token(drafts, q, p, c)
                 elif rule == "block":
                     rec.conditional = rec.predicted
+            if on_step is not None:
+                on_step(rec, drafts, q, p)
             steps.append(rec)
         seq.extend(emitted)
         if eos_token_id is not None and eos_token_id in emitted:

@@ -25,6 +25,7 @@ one-hot row of the proposed token.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import os
@@ -183,7 +184,7 @@ def build_draft(target, spec: DraftSpec):
     draft.model.embed_tokens = target.model.embed_tokens
     draft.model.norm = target.model.norm
     draft.lm_head = target.lm_head
-    draft.generation_config = target.generation_config
+    draft.generation_config = copy.deepcopy(target.generation_config)
     return draft.eval()
 
 

@@ -74,9 +74,22 @@ def _beta(p: np.ndarray, q: np.ndarray, rho: float) -> float:
     return float(np.minimum(q, p / rho).sum())
 
 
-def _g(p: np.ndarray, q: np.ndarray, k: int, rho: float) -> float:
-    b = _beta(p, q, rho)
-    return float(np.minimum(rho * q, p).sum()) - (1.0 - (1.0 - b) ** k)
+def _c(beta, k: int):
+    r""":math:`c = (1 - (1-\beta)^k)/\beta = \sum_{i<k} (1-\beta)^i` as a geometric sum: no
+    cancellation when :math:`\beta` is tiny (the quotient form loses all digits there)."""
+    x = 1.0 - np.asarray(beta, dtype=np.float64)
+    term = np.ones_like(x)
+    c = np.zeros_like(x)
+    for _ in range(k):
+        c = c + term
+        term = term * x
+    return c
+
+
+def _h(p: np.ndarray, q: np.ndarray, k: int, rho: float) -> float:
+    """Validity margin ``rho - c(beta(rho))``: the residual is a distribution iff ``>= 0``
+    (same sign as ``g = rho beta - (1 - (1-beta)^k)`` when beta > 0, but O(1)-scaled)."""
+    return float(rho - _c(_beta(p, q, rho), k))
 
 
 def optimal_rho(p: ArrayLike, q: ArrayLike, k: int) -> float:
@@ -86,35 +99,38 @@ def optimal_rho(p: ArrayLike, q: ArrayLike, k: int) -> float:
 
 
 def _optimal_rho(p: np.ndarray, q: np.ndarray, k: int) -> float:
-    if k == 1 or _g(p, q, k, 1.0) >= 0.0:
-        return 1.0
-    if _beta(p, q, 1.0) <= 0.0:  # disjoint supports: nothing can be accepted for any rho
+    if k == 1 or _beta(p, q, 1.0) <= 0.0:
+        return 1.0  # k = 1 is token; disjoint supports accept nothing for any rho
+    if _h(p, q, k, 1.0) >= 0.0:
         return 1.0
     # breakpoints of beta(rho): the ratios p/q inside (1, k)
     m = q > 0
-    ratios = np.unique(p[m] / q[m])
+    r_all = np.where(m, p / np.where(m, q, 1.0), np.inf)
+    ratios = np.unique(r_all[m])
     bps = np.concatenate([[1.0], ratios[(ratios > 1.0) & (ratios < k)], [float(k)]])
-    gv = np.array([_g(p, q, k, r) for r in bps]) if bps.size < 64 else None
-    if gv is None:
-        # vectorised g at all breakpoints: sort by ratio, cumsums of q above / p below
-        r_all = np.where(m, p / np.where(m, q, 1.0), np.inf)
-        order = np.argsort(r_all)
-        rs, ps, qs = r_all[order], p[order], q[order]
-        cp = np.concatenate([[0.0], np.cumsum(ps)])
-        cq_tail = np.concatenate([np.cumsum(qs[::-1])[::-1], [0.0]])
-        idx = np.searchsorted(rs, bps, side="left")  # tokens with ratio < rho
-        beta = cq_tail[idx] + cp[idx] / bps
-        gv = bps * beta - (1.0 - (1.0 - beta) ** k)
-    j = int(np.argmax(gv >= 0.0))  # first breakpoint with g >= 0 (g(k) >= 0 always)
+    # beta at every breakpoint from one sort: q-mass with ratio >= rho plus p-mass below / rho
+    order = np.argsort(r_all)
+    rs, ps, qs = r_all[order], p[order], q[order]
+    cp = np.concatenate([[0.0], np.cumsum(ps)])
+    cq_tail = np.concatenate([np.cumsum(qs[::-1])[::-1], [0.0]])
+    idx = np.searchsorted(rs, bps, side="left")  # number of tokens with ratio < rho
+    hv = bps - _c(cq_tail[idx] + cp[idx] / bps, k)
+    hv[-1] = max(hv[-1], 0.0)  # c <= k always: rho = k is valid (rounding cannot say otherwise)
+    j = int(np.argmax(hv >= 0.0))
     if j == 0:
         return 1.0
     lo, hi = float(bps[j - 1]), float(bps[j])
-    rho = brentq(lambda r: _g(p, q, k, r), lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps)
-    # brentq's root may sit just below the true root, and g itself carries rounding of a
-    # V-term sum: step up geometrically (1 ulp, 2, 4, ...) until g >= 0 in floating point
+    if _h(p, q, k, lo) >= 0.0:  # the cumsum estimate and the direct sum disagree by rounding
+        return lo
+    if _h(p, q, k, hi) < 0.0:  # same, on the other side: start the upward search at hi
+        rho = hi
+    else:
+        rho = brentq(lambda r: _h(p, q, k, r), lo, hi, xtol=1e-15, rtol=4 * np.finfo(float).eps)
+    # the root may sit an ulp below the true root: step up (1 ulp, 2, 4, ...) until the
+    # margin is non-negative in floating point (rho = k always is)
     step = np.finfo(float).eps * rho
-    while _g(p, q, k, rho) < 0.0 and rho < hi:
-        rho = min(hi, rho + step)
+    while _h(p, q, k, rho) < 0.0 and rho < k:
+        rho = min(float(k), rho + step)
         step *= 2.0
     return float(rho)
 
@@ -138,7 +154,7 @@ def _residual(p: np.ndarray, q: np.ndarray, k: int) -> tuple[np.ndarray, float, 
     rho, a, beta = _params(p, q, k)
     if beta <= 0.0:
         return p.copy(), rho, a
-    c = (1.0 - (1.0 - beta) ** k) / beta
+    c = float(_c(beta, k))
     # clip: rounding can leave -1e-17 where the residual is exactly 0 in exact arithmetic
     d = np.maximum(p - c * np.minimum(q, p / rho), 0.0)
     z = float(d.sum())
@@ -150,7 +166,7 @@ def acceptance(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = Tr
     k = require_supported(RULE, k, replacement)
     pa, qa, _ = prepare(p, q)
     _, _, beta = _params(pa, qa, k)
-    return float(1.0 - (1.0 - beta) ** k)
+    return float(beta * _c(beta, k))  # = 1 - (1 - beta)^k without cancellation
 
 
 def joint(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True) -> np.ndarray:

@@ -52,6 +52,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ..dist import tuple_law
+from ..optimal import _rest
 from ._base import Rule, categorical, prepare, require_supported, sample_uniform
 
 __all__ = ["acceptance", "joint", "sample", "verify", "bound", "RULE", "MAX_PATH_WORK"]
@@ -106,22 +107,27 @@ def acceptance(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = Tr
 
 
 def _reject2_wor(p: np.ndarray, q: np.ndarray) -> float:
-    w1 = np.maximum(q - p, 0.0)  # P(draft x1 and reject it)
+    w1 = np.maximum(q - p, 0.0)  # P(draft x1 and reject it); such x1 have r1(x1) = 0
     r1 = _next_residual(p, q)
-    m = q > 0
-    # S(c) = sum_y (c q_y - r1_y)_+ = c * Q(c) - R(c) over y with r1_y / q_y < c
-    ratio = np.where(m, r1 / np.where(m, q, 1.0), np.inf)
+    x1 = np.flatnonzero(w1 > 0)
+    if x1.size == 0:
+        return 0.0
+    c = 1.0 / _rest(q)[x1]  # 1 / (1 - q_x1) without cancellation when q_x1 is near 1
+    # second step, given x1: rejection mass S = sum_{y != x1} (c q_y - r1_y)_+, a sum over the
+    # y with r1_y / q_y < c. Split the y with r1_y = 0 (group G0, which contains x1) from
+    # the rest, so that x1's own term is excluded exactly instead of subtracted.
+    g0 = (q > 0) & (r1 == 0)
+    q0 = q[g0]
+    pos_in_g0 = np.cumsum(g0) - 1  # index of each G0 token inside q0
+    other0 = _rest(q0)[pos_in_g0[x1]]  # q-mass of G0 without x1
+    m = (q > 0) & (r1 > 0)
+    ratio = r1[m] / q[m]
     order = np.argsort(ratio)
     rs = ratio[order]
-    cq = np.concatenate([[0.0], np.cumsum(q[order])])
-    cr = np.concatenate([[0.0], np.cumsum(r1[order])])
-    x1 = np.flatnonzero(w1 > 0)
-    c = 1.0 / (1.0 - q[x1])
+    cq = np.concatenate([[0.0], np.cumsum(q[m][order])])
+    cr = np.concatenate([[0.0], np.cumsum(r1[m][order])])
     n = np.searchsorted(rs, c, side="left")
-    S = c * cq[n] - cr[n]
-    # x1 itself is excluded from the second draw; r1(x1) = 0 and r1_x1/q_x1 = 0 < c, so it sits
-    # in S with term c q_x1
-    rej2 = np.maximum(S - c * q[x1], 0.0)
+    rej2 = np.maximum(c * (other0 + cq[n]) - cr[n], 0.0)
     return float(min(1.0, (w1[x1] * rej2).sum()))
 
 

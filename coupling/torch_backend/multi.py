@@ -41,10 +41,12 @@ are rejected, draw from ``r``.
 :math:`g(\rho) = \sum_y \min(\rho q, p) - (1 - (1 - \beta(\rho))^m)`,
 :math:`\beta(\rho) = \sum_y \min(q, p/\rho)`, accept the first survivor with
 ``u_j rho q(x_j) < p(x_j)``; else draw from
-:math:`(p - c \min(q, p/\rho))_+` with :math:`c = (1 - (1-\beta)^m)/\beta`.
-``rho*`` is found as in :func:`coupling.rules.kseq.optimal_rho`: ``g`` at all breakpoints
-``p/q`` (one sort and cumulative sums per row, vectorised), then bisection on the
-bracketing segment, where :math:`\beta = A + C/\rho` has fixed ``A, C``.
+:math:`(p - c \min(q, p/\rho))_+` with :math:`c = (1 - (1-\beta)^m)/\beta`, summed as the
+geometric series :math:`\sum_{i<m} (1-\beta)^i` (no cancellation for tiny :math:`\beta`).
+``rho*`` is the same root as :func:`coupling.rules.kseq.optimal_rho` (which sorts the
+breakpoints ``p/q`` and polishes with Brent's method); here the Illinois variant of
+regula falsi on ``[1, m]``, one O(V) pass per iteration and no sort, returning a point
+where the validity margin :math:`\rho - c(\beta(\rho)) \ge 0` (:func:`kseq_rho`).
 
 ``optimal`` (LP-optimal acceptance): with one survivor it is ``token`` (optimal for k = 1,
 vectorised). With ``m >= 2`` survivors it samples the row of the draft tuple in an exact
@@ -110,6 +112,8 @@ def walk_tree(
     nxt = torch.zeros(B, dtype=torch.int64, device=dev)
     branch = torch.zeros(B, dtype=torch.int64, device=dev)
     for i in range(g):  # sequential: survivors at i depend on the token emitted at i-1
+        # finished rows get no survivors, so rules skip them (their output is discarded)
+        alive = alive & ~done.unsqueeze(1)
         ref = _first_true(alive)  # [B] lowest surviving branch: its laws are the prefix's laws
         x = drafts[:, :, i]  # [B, k]
         y = step(p[rows, ref, i], q[rows, ref, i], x, alive, coins[:, i], u_sample[:, i], i)
@@ -158,50 +162,72 @@ def _rrs_step(replacement: bool) -> StepFn:
 
 
 # -------------------------------------------------------------------------------- kseq
-def kseq_rho(p: torch.Tensor, q: torch.Tensor, m: torch.Tensor, iters: int = 80) -> torch.Tensor:
-    r"""Smallest :math:`\rho \in [1, m]` with :math:`g(\rho) \ge 0` per row (K-SEQ's rho*).
+def _geometric_c(beta: torch.Tensor, mf: torch.Tensor, kmax: int) -> torch.Tensor:
+    r""":math:`c = (1 - (1-\beta)^m)/\beta = \sum_{i<m} (1-\beta)^i`, summed term by term (no
+    cancellation for tiny :math:`\beta`; same form as :func:`coupling.rules.kseq._c`)."""
+    x = 1.0 - beta
+    term = torch.ones_like(x)
+    c = torch.zeros_like(x)
+    for i in range(kmax):
+        c = c + torch.where(mf > i, term, 0.0)
+        term = term * x
+    return c
+
+
+def kseq_rho(p: torch.Tensor, q: torch.Tensor, m: torch.Tensor, iters: int = 200) -> torch.Tensor:
+    r"""Smallest :math:`\rho \in [1, m]` whose K-SEQ residual is a distribution, per row.
 
     ``p, q`` float64 ``[B, V]``, ``m`` int ``[B]`` (number of drafts). Returns float64 ``[B]``.
-    ``rho = 1`` when ``m == 1``, when ``g(1) >= 0``, or when ``beta(1) = 0``.
+    As in :func:`coupling.rules.kseq.optimal_rho`: ``rho = 1`` when ``m <= 1``, when
+    :math:`\beta(1) = 0`, or when the validity margin
+    :math:`h(\rho) = \rho - c(\beta(\rho))` (:math:`\beta(\rho) = \sum_y \min(q, p/\rho)`,
+    ``c`` by :func:`_geometric_c`) is already ``>= 0`` at 1; otherwise the smallest root of
+    the non-decreasing, continuous, piecewise-smooth ``h`` in ``[1, m]``.
+
+    The numpy reference sorts the breakpoints ``p/q`` and polishes with Brent's method; here,
+    without a sort, the Illinois variant of regula falsi runs on the bracket
+    ``h(lo) < 0 <= h(hi)`` (bisection if a step leaves it), one pass over the vocabulary per
+    evaluation, until the bracket is narrower than 1e-15 (relative); ``hi`` is returned, so
+    ``h(rho) >= 0`` in floating point, as in the reference.
     """
     B, V = p.shape
-    ratio = torch.where(q > 0, p / torch.where(q > 0, q, 1.0), torch.inf)
-    rs, order = ratio.sort(-1)  # ascending
-    ps, qs = p.gather(1, order), q.gather(1, order)
-    zero = torch.zeros(B, 1, dtype=torch.float64, device=p.device)
-    cp = torch.cat([zero, ps.cumsum(-1)], 1)  # [B, V+1] p-mass of the n smallest ratios
-    cq_tail = torch.cat([qs.flip(-1).cumsum(-1).flip(-1), zero], 1)  # q-mass from index n on
-    mf = m.to(torch.float64).clamp(min=1.0).unsqueeze(1)  # [B, 1]
+    rho = torch.ones(B, dtype=torch.float64, device=p.device)
+    mf_all = m.to(torch.float64)
+    need = mf_all > 1
+    if not bool(need.any()):
+        return rho
+    kmax = int(m.max())
+    b1 = torch.minimum(p, q).sum(-1)  # beta(1)
+    h1 = 1.0 - _geometric_c(b1, mf_all, kmax)
+    need = need & (b1 > 0) & (h1 < 0)
+    if not bool(need.any()):
+        return rho
+    idx = torch.nonzero(need).squeeze(1)
+    P, Q, mf = p[idx], q[idx], mf_all[idx]  # only the rows that need a root
 
-    def g_at(rho: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
-        # n = number of tokens with ratio < rho: beta = q-mass above + p-mass below / rho
-        beta = cq_tail.gather(1, n) + cp.gather(1, n) / rho
-        return rho * beta - (1.0 - (1.0 - beta).clamp(min=0.0) ** mf)
+    def h_of(x: torch.Tensor) -> torch.Tensor:
+        beta = torch.minimum(Q, P / x.unsqueeze(1)).sum(-1)  # one pass over the vocabulary
+        return x - _geometric_c(beta, mf, kmax)
 
-    # g at every breakpoint in [1, m] (ratios clamped into the interval, plus both ends)
-    cand = torch.cat([torch.ones_like(zero), rs.clamp(min=1.0).minimum(mf), mf], 1)  # [B, V+2] sorted
-    n_c = torch.searchsorted(rs, cand, right=False)
-    ok = g_at(cand, n_c) >= 0  # [B, V+2]
-    ok[:, -1] = True  # g(m) >= 0 in exact arithmetic (Bernoulli's inequality)
-    j = _first_true(ok)  # first breakpoint with g >= 0
-    lo = cand.gather(1, (j - 1).clamp(min=0).unsqueeze(1))
-    hi = cand.gather(1, j.unsqueeze(1))
-    # on (lo, hi] the tokens with ratio < rho are exactly those with ratio <= lo
-    n_seg = torch.searchsorted(rs, lo, right=True)
-    A, C = cq_tail.gather(1, n_seg), cp.gather(1, n_seg)
-
-    def g_seg(rho: torch.Tensor) -> torch.Tensor:
-        beta = A + C / rho
-        return rho * beta - (1.0 - (1.0 - beta).clamp(min=0.0) ** mf)
-
-    for _ in range(iters):  # bisection keeps g(hi) >= 0; [B]-sized ops only
-        mid = 0.5 * (lo + hi)
-        good = g_seg(mid) >= 0
-        hi = torch.where(good, mid, hi)
-        lo = torch.where(good, lo, mid)
-    beta1 = torch.minimum(p, q).sum(-1, keepdim=True)  # disjoint supports: nothing to accept
-    one = (j == 0).unsqueeze(1) | (mf <= 1.0) | (beta1 <= 0)
-    return torch.where(one, torch.ones_like(hi), hi).squeeze(1)
+    # Illinois (modified regula falsi): superlinear on a piecewise-smooth h, and, unlike
+    # Newton, not stalled by the kinks at the breakpoints
+    lo, hi = torch.ones_like(mf), mf.clone()
+    hlo, hhi = h1[idx], h_of(hi).clamp(min=0.0)  # c <= m always: rho = m is valid
+    side = torch.zeros_like(mf)
+    for it in range(iters):
+        x = hi - hhi * (hi - lo) / torch.where(hhi > hlo, hhi - hlo, 1.0)
+        x = torch.where((x > lo) & (x < hi), x, 0.5 * (lo + hi))
+        hx = h_of(x)
+        good = hx >= 0
+        # the end that stayed put twice in a row has its value halved (Illinois step)
+        hlo = torch.where(good & (side > 0), 0.5 * hlo, hlo)
+        hhi = torch.where(~good & (side < 0), 0.5 * hhi, hhi)
+        hi, hhi = torch.where(good, x, hi), torch.where(good, hx, hhi)
+        lo, hlo = torch.where(good, lo, x), torch.where(good, hlo, hx)
+        side = torch.where(good, 1.0, -1.0)
+        if it % 4 == 3 and float(((hi - lo) / hi).amax()) <= 1e-15:  # one sync every 4 steps
+            break
+    return rho.index_put((idx,), hi)
 
 
 def _kseq_step(p_i, q_i, x, alive, coins, u, i):
@@ -220,8 +246,7 @@ def _kseq_step(p_i, q_i, x, alive, coins, u, i):
         decided = decided | acc
     low = torch.minimum(q64, p64 / rho.unsqueeze(1))  # [B, V] min(q, p / rho)
     beta = low.sum(-1, keepdim=True)
-    mf = m.to(torch.float64).clamp(min=1.0).unsqueeze(1)
-    c = (1.0 - (1.0 - beta).clamp(min=0.0) ** mf) / torch.where(beta > 0, beta, 1.0)
+    c = _geometric_c(beta, m.clamp(min=1).to(torch.float64).unsqueeze(1), max(int(m.max()), 1))
     # clamp: rounding leaves -1e-17 where the residual is exactly 0 in exact arithmetic
     res = torch.where(beta > 0, (p64 - c * low).clamp_(min=0.0), p64)
     return torch.where(decided, y, sample_rows(res, u, fallback=p64))

@@ -1,0 +1,133 @@
+#!/usr/bin/env python
+"""Real-LLM benchmark: speculative rules vs autoregressive and HF assisted, one process.
+
+Part 1 (costs): median wall time of one target forward on n new tokens (n = 1, 2, 4, 8, 16,
+and k x (gamma+1) batched) at context 100, and of one draft forward (batch 1, 2, 4), in the
+model dtype (bf16 by default): the cost ratio c = draft step / target step that sets the
+speedup ceiling.
+
+Part 2 (end to end): ``coupling.llm.demo.run`` with the given settings (every rule, plus the
+autoregressive and HF-assisted baselines, interleaved prompt by prompt), then the targets:
+
+* best rule tokens/s >= 1.3x autoregressive (aim 1.5x) and >= 1.15x HF assisted;
+* token verification's measured block efficiency within 5% of the predicted one;
+* block verification's block efficiency >= token verification's.
+
+Usage::
+
+    python benchmarks/bench_llm.py                       # full (about 5-8 min on 2 cores)
+    python benchmarks/bench_llm.py --quick               # smaller
+    python benchmarks/bench_llm.py --json out/bench_llm.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9) -> dict:
+    import torch
+    from transformers import DynamicCache
+
+    from coupling.llm import models
+
+    target = models.load_target(dtype)
+    draft = models.load_draft(target)
+    g = torch.Generator().manual_seed(0)
+
+    def med(model, B, n):
+        ids = torch.randint(0, 49152, (B, ctx), generator=g)
+        x = torch.randint(0, 49152, (B, n), generator=g)
+        with torch.no_grad():
+            c = DynamicCache()
+            model(input_ids=ids, cache=c, use_cache=True)
+            ts = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                model(input_ids=x, cache=c, use_cache=True)
+                ts.append(time.perf_counter() - t0)
+                c.crop(-n)
+        return 1e3 * sorted(ts)[len(ts) // 2]
+
+    out = {"target_ms": {}, "draft_ms": {}}
+    for n in (1, 2, 4, 8, 16):
+        out["target_ms"][f"B1_n{n}"] = med(target, 1, n)
+    out["target_ms"]["B4_n5 (k=4, gamma=4 verify)"] = med(target, 4, 5)
+    for B in (1, 2, 4):
+        out["draft_ms"][f"B{B}_n1"] = med(draft, B, 1)
+    out["draft_over_target"] = out["draft_ms"]["B1_n1"] / out["target_ms"]["B1_n1"]
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    from coupling.llm import demo
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--skip-costs", action="store_true")
+    args, rest = ap.parse_known_args(argv)
+
+    costs = None
+    if not args.skip_costs:
+        costs = step_costs()
+        print("step costs (median ms, context 100, bf16):")
+        for kind in ("target_ms", "draft_ms"):
+            for name, v in costs[kind].items():
+                print(f"  {kind[:-3]:<7}{name:<30}{v:7.1f}")
+        print(f"  draft / target step: {costs['draft_over_target']:.3f}")
+
+    dargs = demo._parser().parse_args((["--quick"] if args.quick else []) + rest)
+    res = demo.run(dargs)
+    print(demo.format_table(res))
+    rules = res["rules"]
+    ar = res["baselines"]["autoregressive"]["tokens_per_s"]
+    hf = res["baselines"].get("hf_assisted", {}).get("tokens_per_s")
+    best = max(rules, key=lambda n: rules[n]["tokens_per_s"])
+    checks = {
+        "best_rule": best,
+        "best_vs_autoregressive": rules[best]["tokens_per_s"] / ar,
+        "best_vs_hf_assisted": rules[best]["tokens_per_s"] / hf if hf else None,
+    }
+    if "token" in rules:
+        t = rules["token"]
+        checks["token_BE_rel_error"] = (t["block_efficiency"] / t["predicted_block_efficiency"]
+                                        - 1)
+        checks["token_BE_rel_error_conditional"] = (
+            t["block_efficiency"] / t["conditional_block_efficiency"] - 1)
+    if "block" in rules:
+        b = rules["block"]
+        checks["block_BE_rel_error"] = b["block_efficiency"] / b["predicted_block_efficiency"] - 1
+        if "token" in rules:
+            checks["block_minus_token_BE"] = (b["block_efficiency"]
+                                              - rules["token"]["block_efficiency"])
+    print("targets:")
+    print(f"  best rule {best}: {checks['best_vs_autoregressive']:.2f}x autoregressive "
+          f"(target >= 1.3x, aim 1.5x)"
+          + (f", {checks['best_vs_hf_assisted']:.2f}x HF assisted (target >= 1.15x)"
+             if hf else ""))
+    for key in ("token_BE_rel_error", "token_BE_rel_error_conditional", "block_BE_rel_error"):
+        if key in checks:
+            print(f"  {key}: {100 * checks[key]:+.1f}% (target within 5%)")
+    if "block_minus_token_BE" in checks:
+        print(f"  block - token block efficiency: {checks['block_minus_token_BE']:+.3f} "
+              "(target >= 0)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"costs": costs, "demo": res, "checks": checks},
+                                        indent=2))
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# GPU smoke check (run on a machine with CUDA; NOT run on the 2-core CPU machine this was
+# written on, where no GPU was lent). Budget: under 10 minutes.
+#   1. torch-backend conformance tests (CUDA cases run when a GPU is present)
+#   2. kernel benchmark at B=64, k=4, gamma=8, V=49152
+#   3. `coupling demo --quick --device cuda`
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+OUT=${OUT:-out/gpu_check}
+mkdir -p "$OUT"
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
+timeout 240 "$PY" -m pytest tests/test_torch_backend*.py -q -x 2>&1 | tee "$OUT/conformance.txt"
+timeout 120 "$PY" benchmarks/bench_kernels.py --device cuda --B 64 --k 4 --gamma 8 --V 49152 2>&1 | tee "$OUT/kernels.txt" \
+  || timeout 120 "$PY" benchmarks/bench_kernels.py 2>&1 | tee "$OUT/kernels.txt"
+timeout 240 "$PY" -m coupling demo --quick --device cuda --json "$OUT/demo_quick_cuda.json" 2>&1 | tee "$OUT/demo.txt"

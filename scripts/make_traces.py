@@ -1,0 +1,91 @@
+#!/usr/bin/env python
+"""Record real (p, q) pairs along engine runs for the block-efficiency notebook.
+
+For each demo prompt, the engine runs token verification with the trained draft and, at every
+drafted position of every step, stores the target law p_i and the draft law q_i restricted to
+the union of their top-``m`` tokens (renormalised; the dropped mass is stored too), plus the
+drafted token and whether it was accepted. Output: one ``.npz`` under ``coupling/data/``.
+
+Arrays (N = recorded positions, m2 = 2 m union slots, padded with index -1 / prob 0):
+``idx [N, m2] int32``, ``p [N, m2] float32``, ``q [N, m2] float32``, ``p_mass``/``q_mass [N]``
+(mass kept before renormalising), ``step [N]``, ``offset [N]`` (position in the block),
+``drafted [N]`` token, ``accepted [N]`` bool, ``alpha [N]`` = sum min(p, q) at full vocabulary.
+
+Usage: ``python scripts/make_traces.py [--prompts 6] [--tokens 96] [--top-m 32]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def main(argv=None) -> int:
+    import torch
+
+    from coupling.llm import demo, models
+    from coupling.llm import engine as E
+    from coupling.llm.sampling import SamplingConfig
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts", type=int, default=6)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--top-m", type=int, default=32)
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--out", type=Path, default=models.DATA_DIR / "traces_smollm2.npz")
+    args = ap.parse_args(argv)
+
+    target = models.load_target()
+    draft = models.load_draft(target)
+    tok = models.load_tokenizer()
+    cfg = SamplingConfig(args.temperature, 0, args.top_p)
+    m = args.top_m
+    rows: dict[str, list] = {k: [] for k in ("idx", "p", "q", "p_mass", "q_mass", "step",
+                                             "offset", "drafted", "accepted", "alpha", "prompt")}
+    step_counter = [0]
+
+    def on_step(rec, drafts, q, p, prompt_i):
+        c = rec.branch
+        for i in range(rec.drafted):
+            pi, qi = p[c, i].double(), q[c, i].double()
+            union = torch.unique(torch.cat([pi.topk(m).indices, qi.topk(m).indices]))
+            pad = 2 * m - union.numel()
+            pm, qm = pi[union].sum().item(), qi[union].sum().item()
+            rows["idx"].append(np.pad(union.numpy().astype(np.int32), (0, pad), constant_values=-1))
+            rows["p"].append(np.pad((pi[union] / max(pm, 1e-300)).float().numpy(), (0, pad)))
+            rows["q"].append(np.pad((qi[union] / max(qm, 1e-300)).float().numpy(), (0, pad)))
+            rows["p_mass"].append(pm)
+            rows["q_mass"].append(qm)
+            rows["step"].append(step_counter[0])
+            rows["offset"].append(i)
+            rows["drafted"].append(int(drafts[c, i]))
+            rows["accepted"].append(i < rec.accepted)
+            rows["alpha"].append(torch.minimum(pi, qi).sum().item())
+            rows["prompt"].append(prompt_i)
+        step_counter[0] += 1
+
+    for j, text in enumerate(demo.load_prompts()[: args.prompts]):
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                      add_generation_prompt=True)
+        prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        E.generate(target, E.ModelDrafter(draft), prompt, max_new_tokens=args.tokens,
+                   rule="token", gamma=args.gamma, cfg=cfg, seed=j, eos_token_id=tok.eos_token_id,
+                   on_step=lambda rec, d, q, p, j=j: on_step(rec, d, q, p, j))
+    out = {k: np.asarray(v) for k, v in rows.items()}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(args.out, **out, settings=np.array(str(vars(args))))
+    print(f"wrote {args.out}: {len(out['alpha'])} positions, "
+          f"{args.out.stat().st_size / 1e6:.2f} MB, mean alpha {out['alpha'].mean():.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
