@@ -1,6 +1,7 @@
 """coupling: speculative decoding as distribution coupling and optimal transport."""
 
 from .dist import as_distribution, check_pair, tuple_law, tv
+from .optimal import optimal_acceptance
 from .solve import Coupling, SolverError, solve_coupling, solve_transport
 
 __version__ = "0.1.0"
@@ -14,4 +15,5 @@ __all__ = [
     "SolverError",
     "solve_coupling",
     "solve_transport",
+    "optimal_acceptance",
 ]

@@ -94,7 +94,9 @@ def as_distribution(x: ArrayLike, *, atol: float = 1e-9, name: str = "p") -> np.
             f"{name} has negative entries at indices {idx} (min {arr.min():.3g}); "
             "probabilities must be >= 0 (did you pass logits? apply a softmax first)"
         )
-    total = math.fsum(arr.tolist()) if arr.size <= 1_000_000 else float(arr.sum())
+    # exact summation is cheap for small vocabularies; pairwise summation (error ~ eps log V)
+    # keeps a 49152-token validation at microseconds
+    total = math.fsum(arr.tolist()) if arr.size <= 4096 else float(arr.sum())
     if abs(total - 1.0) > atol:
         raise ValueError(
             f"{name} sums to {total!r}, not 1 (tolerance atol={atol:g}); "

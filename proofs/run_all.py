@@ -15,7 +15,9 @@ HERE = Path(__file__).resolve().parent
 
 
 def main() -> int:
-    scripts = sorted(p for p in HERE.glob("*.py") if p.name != "run_all.py" and not p.name.startswith("_"))
+    scripts = sorted(
+        p for p in HERE.glob("*.py") if p.name != "run_all.py" and not p.name.startswith("_")
+    )
     failed = []
     for script in scripts:
         t0 = time.perf_counter()

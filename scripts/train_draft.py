@@ -139,7 +139,11 @@ def main(argv=None) -> int:
     ap.add_argument("--minutes-train", type=float, default=7.0)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seq-per-step", type=int, default=4)
-    ap.add_argument("--init-layer", type=int, default=0)
+    ap.add_argument("--init-layer", type=int, default=None,
+                    help="target layer copied into the trained layer (default: shared-layers)")
+    ap.add_argument("--shared-layers", type=int, default=0,
+                    help="share the target's first N layers (frozen, not stored) below it")
+    ap.add_argument("--resume", type=Path, default=None, help="start from these draft weights")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1 avoids OpenMP stalls on a loaded shared machine)")
@@ -169,12 +173,22 @@ def main(argv=None) -> int:
     rng.shuffle(data)
     held, train = data[:16], data[16:]
 
-    spec = models.DraftSpec(1, (args.init_layer,))
-    draft = models.build_draft(target, spec)
-    # Train in float32 (own layer); the shared tensors stay frozen bf16 -> cast on the fly.
-    draft.model.layers.float()
-    for name, prm in draft.named_parameters():
-        prm.requires_grad_(name.startswith("model.layers."))
+    s = args.shared_layers
+    init = s if args.init_layer is None else args.init_layer
+    if args.resume is not None:
+        draft = models.load_draft(target, args.resume)
+        spec = draft.coupling_spec
+        s = spec.shared_layers
+    else:
+        spec = models.DraftSpec(1, (init,), shared_layers=s)
+        draft = models.build_draft(target, spec)
+    # Train the own layer in float32; shared tensors and layers stay frozen bf16.
+    own_layers = draft.model.layers[s:]
+    own_layers.float()
+    for prm in draft.parameters():
+        prm.requires_grad_(False)
+    for prm in own_layers.parameters():
+        prm.requires_grad_(True)
     before = agreement_cast(draft, held)
     print(f"held-out mean sum min(p,q) before training: {before:.4f}")
 
@@ -205,11 +219,12 @@ def main(argv=None) -> int:
         if step % 20 == 0:
             print(f"step {step} loss {sum(losses[-20:]) / 20:.4f} "
                   f"({time.perf_counter() - t0:.0f}/{budget:.0f} s)", flush=True)
-    draft.model.layers.to(torch.bfloat16)
+    own_layers.to(torch.bfloat16)
     after = agreement_cast(draft, held)
     print(f"held-out mean sum min(p,q) after training: {after:.4f} ({step} steps)")
     meta = {"steps": step, "corpus_positions": n_tok, "heldout_agreement_before": round(before, 4),
-            "heldout_agreement_after": round(after, 4), "init_layer": args.init_layer,
+            "heldout_agreement_after": round(after, 4), "init_layer": init,
+            "shared_layers": s, "resumed_from": str(args.resume) if args.resume else None,
             "minutes_total": round((time.perf_counter() - t_start) / 60, 1),
             "command": "python scripts/train_draft.py " + " ".join(sys.argv[1:] if argv is None else argv)}
     path = models.save_draft(draft, spec, args.out, meta)
@@ -220,19 +235,24 @@ def main(argv=None) -> int:
 def forward_hidden(draft, ids):
     """Final-normed hidden states of the draft (float32 layer, bf16 shared embeddings/norm)."""
     m = draft.model
-    h = m.embed_tokens(ids).float()
+    h = m.embed_tokens(ids)
     pos = torch.arange(ids.shape[1])[None]
-    cos, sin = m.rotary_emb(h, pos)
-    mask = None
     for layer in m.layers:
-        h = layer(h, attention_mask=mask, position_embeddings=(cos, sin), position_ids=pos)
+        dtype = next(layer.parameters()).dtype
+        h = h.to(dtype)
+        cos, sin = m.rotary_emb(h, pos)
+        if not next(layer.parameters()).requires_grad:
+            with torch.no_grad():  # shared frozen target layers: no graph
+                h = layer(h, attention_mask=None, position_embeddings=(cos, sin), position_ids=pos)
+        else:
+            h = layer(h, attention_mask=None, position_embeddings=(cos, sin), position_ids=pos)
         h = h[0] if isinstance(h, tuple) else h
     return m.norm(h.to(torch.bfloat16))
 
 
 @torch.no_grad()
 def agreement_cast(draft, data):
-    dtype = next(draft.model.layers.parameters()).dtype
+    dtype = next(draft.model.layers[-1].parameters()).dtype
     if dtype == torch.bfloat16:
         return agreement(draft, data)
     tot, n = 0.0, 0

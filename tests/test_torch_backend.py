@@ -25,8 +25,16 @@ import torch
 from scipy import stats
 
 from coupling import block as nb
-from coupling.torch_backend import Verdict, block, gumbel_noise, keyed_uniforms, token, uniforms, verify
-from coupling.torch_backend._common import sample_rows
+from coupling.torch_backend import (
+    Verdict,
+    block,
+    gumbel_noise,
+    keyed_uniforms,
+    token,
+    uniforms,
+    verify,
+)
+from coupling.torch_backend._common import accept_uniforms, assemble, sample_rows, sample_uniforms
 from coupling.torch_backend.chain import (
     block_accepted,
     block_weights,
@@ -68,7 +76,9 @@ def chi2_pvalue(counts: np.ndarray, probs: np.ndarray, min_expected: float = 5.0
     return float(stats.chisquare(obs, ex).pvalue)
 
 
-def random_path(rng: np.random.Generator, V: int, gamma: int, alpha: float = 0.5, zeros: bool = False):
+def random_path(
+    rng: np.random.Generator, V: int, gamma: int, alpha: float = 0.5, zeros: bool = False
+):
     """A random drafted path with Dirichlet target/draft laws (optionally with exact zeros)."""
     P = rng.dirichlet(np.full(V, alpha), size=gamma + 1)
     Q = rng.dirichlet(np.full(V, alpha), size=gamma)
@@ -92,15 +102,13 @@ def stack_paths(paths, dtype=torch.float64, device="cpu"):
 
 def broken_token(drafts, p, q, *, seeds, positions, **kw) -> Verdict:
     """Negative control: token verification that resamples from p (no residual) on rejection."""
-    x, p1, q1 = drafts[:, 0], p[:, 0], q[:, 0]
+    x, p1 = drafts[:, 0], p[:, 0]
     B, g = x.shape
-    u = uniforms(seeds, positions, g, stream=0)
-    v = uniforms(seeds, positions, g + 1, stream=1)
+    u = accept_uniforms(seeds, positions, g)
+    v = sample_uniforms(seeds, positions, g)
     n = token_accepted(draft_ratios(drafts, p, q)[:, 0], u)
     rows = torch.arange(B)
     y = sample_rows(p1[rows, n], v[rows, n])
-    from coupling.torch_backend._common import assemble
-
     return assemble(drafts, n, torch.zeros_like(n), y)
 
 
@@ -108,14 +116,12 @@ def broken_block(drafts, p, q, *, seeds, positions, **kw) -> Verdict:
     """Negative control: block verification's accepted length with the plain token residual."""
     x, p1, q1 = drafts[:, 0], p[:, 0], q[:, 0]
     B, g = x.shape
-    eta = uniforms(seeds, positions, g, stream=0)
-    v = uniforms(seeds, positions, g + 1, stream=1)
+    eta = accept_uniforms(seeds, positions, g)
+    v = sample_uniforms(seeds, positions, g)
     w = block_weights(draft_ratios(drafts, p, q)[:, 0])
     n = block_accepted(w, p1, q1, eta)
     rows = torch.arange(B)
     y = emit_residual(p1, q1, n, torch.ones(B, dtype=torch.float64), v[rows, n])
-    from coupling.torch_backend._common import assemble
-
     return assemble(drafts, n, torch.zeros_like(n), y)
 
 
@@ -129,7 +135,9 @@ class BatchedTabular:
     def start(self, B: int) -> torch.Tensor:
         return torch.full((B, self.order), self.V, dtype=torch.int64)  # BOS padding
 
-    def push(self, tail: torch.Tensor, tok: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def push(
+        self, tail: torch.Tensor, tok: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if self.order == 0:
             return tail
         new = torch.cat([tail[:, 1:], tok[:, None]], 1)
@@ -144,9 +152,12 @@ class BatchedTabular:
         return self.table[key]
 
 
-def simulate_stream(verifier, target, draft, gamma: int, length: int, B: int, seed: int,
-                    dtype=torch.float64) -> torch.Tensor:
-    """Batched speculative decoding from the empty context until >= ``length`` tokens; [B, length]."""
+def simulate_stream(
+    verifier, target, draft, gamma: int, length: int, B: int, seed: int, dtype=torch.float64
+) -> torch.Tensor:
+    """Batched speculative decoding from the empty context until >= ``length`` tokens.
+
+    Returns the first ``length`` tokens of each of the ``B`` requests, ``[B, length]``."""
     T, D = BatchedTabular(target, dtype), BatchedTabular(draft, dtype)
     gen = torch.Generator().manual_seed(seed)
     out = torch.full((B, length * (gamma + 2)), -1, dtype=torch.int64)
@@ -204,7 +215,9 @@ def _py_hash(s: int, t: int, c: int, j: int) -> int:
 
 def test_keyed_hash_matches_pure_python_uint64():
     rng = np.random.default_rng(0)
-    keys = [(int(a), int(b), int(c), int(d)) for a, b, c, d in rng.integers(0, 2**62, size=(200, 4))]
+    keys = [
+        (int(a), int(b), int(c), int(d)) for a, b, c, d in rng.integers(0, 2**62, size=(200, 4))
+    ]
     keys += [(0, 0, 0, 0), (2**63 - 1, 1, 2, 3), (-1, 5, 0, 7)]
     s, t, c, j = (torch.tensor([k[i] for k in keys], dtype=torch.int64) for i in range(4))
     got = keyed_hash(s, t, c, j).tolist()
@@ -252,7 +265,9 @@ def test_uniforms_are_uniform_and_independent():
 def test_gumbel_noise_is_standard_gumbel_and_reproducible():
     g = gumbel_noise(torch.tensor([1, 2]), torch.tensor([5, 5]), 50_000, dtype=torch.float64)
     assert g.shape == (2, 50_000)
-    assert torch.equal(g, gumbel_noise(torch.tensor([1, 2]), torch.tensor([5, 5]), 50_000, dtype=torch.float64))
+    assert torch.equal(
+        g, gumbel_noise(torch.tensor([1, 2]), torch.tensor([5, 5]), 50_000, dtype=torch.float64)
+    )
     assert stats.kstest(g[0].numpy(), "gumbel_r").pvalue > ALPHA
     assert not torch.equal(g[0], g[1])
 
@@ -272,11 +287,13 @@ def test_same_uniforms_same_decisions_as_numpy(rule, zeros):
         ver = fn(x, P, Q, seeds=0, positions=0, accept_u=au, sample_u=su)
         for b, (xb, Pb, Qb) in enumerate(paths):
             n_ref = nb.accepted_length(rule, xb, Pb, Qb, au[b].numpy())
-            out_ref = nb.verify_block(rule, xb, Pb, Qb, uniforms=np.r_[au[b].numpy(), su[b, 0].item()])
+            out_ref = nb.verify_block(
+                rule, xb, Pb, Qb, uniforms=np.r_[au[b].numpy(), su[b, 0].item()]
+            )
             assert int(ver.accepted[b]) == n_ref
             got = ver.tokens[b][: n_ref + 1].tolist()
             assert got == out_ref.tolist(), (rule, V, gamma, b)
-            assert (ver.tokens[b][n_ref + 1:] == -1).all()
+            assert (ver.tokens[b][n_ref + 1 :] == -1).all()
 
 
 def test_block_weights_match_numpy():
@@ -339,7 +356,9 @@ def test_per_path_law_negative_control_fails():
 @pytest.fixture(scope="module")
 def tabular_pair():
     # order-1 models that disagree a lot (small Dirichlet concentration)
-    return nb.TabularLM(4, order=1, seed=11, concentration=0.6), nb.TabularLM(4, order=1, seed=12, concentration=0.6)
+    return nb.TabularLM(4, order=1, seed=11, concentration=0.6), nb.TabularLM(
+        4, order=1, seed=12, concentration=0.6
+    )
 
 
 @pytest.mark.parametrize("rule", ["token", "block"])
@@ -355,7 +374,9 @@ def test_stream_is_lossless_200k_requests(rule, tabular_pair):
     assert chi2_pvalue(string_counts(toks, 4), exact) > ALPHA
 
 
-@pytest.mark.parametrize("broken", [broken_token, broken_block], ids=["token-target-resample", "block-plain-residual"])
+@pytest.mark.parametrize(
+    "broken", [broken_token, broken_block], ids=["token-target-resample", "block-plain-residual"]
+)
 def test_stream_negative_controls_fail(broken, tabular_pair):
     target, draft = tabular_pair
     toks = simulate_stream(broken, target, draft, gamma=2, length=3, B=200_000, seed=1)
@@ -382,11 +403,14 @@ def test_block_accepts_more_than_token_on_average(tabular_pair):
         n = fn(x, P, Q, seeds=torch.arange(B), positions=0).accepted.double()
         exact = nb.expected_accepted(rule, target, draft, g)
         assert abs(n.mean().item() - exact) < 5 * n.std().item() / B**0.5, rule
-    assert nb.expected_accepted("block", target, draft, g) > nb.expected_accepted("token", target, draft, g)
+    assert nb.expected_accepted("block", target, draft, g) > nb.expected_accepted(
+        "token", target, draft, g
+    )
 
 
 def test_motivating_example_exact_rates():
-    """Sun et al.'s example (target (1/3, 2/3), draft (2/3, 1/3), gamma=2): E[tau] = 10/9 (token), 11/9 (block)."""
+    """Sun et al.'s example (target (1/3, 2/3), draft (2/3, 1/3), gamma=2):
+    E[tau] = 10/9 (token), 11/9 (block)."""
     B = 400_000
     p = torch.tensor([1 / 3, 2 / 3], dtype=torch.float64)
     q = torch.tensor([2 / 3, 1 / 3], dtype=torch.float64)
@@ -415,7 +439,13 @@ def test_batch_invariance(rule, device):
     shuffled = fn(x[perm], P[perm], Q[perm], seeds=seeds[perm], positions=pos[perm])
     assert torch.equal(shuffled.tokens, full.tokens[perm])
     for b in [0, 17, 63]:
-        one = fn(x[b:b + 1], P[b:b + 1], Q[b:b + 1], seeds=seeds[b:b + 1], positions=pos[b:b + 1])
+        one = fn(
+            x[b : b + 1],
+            P[b : b + 1],
+            Q[b : b + 1],
+            seeds=seeds[b : b + 1],
+            positions=pos[b : b + 1],
+        )
         assert torch.equal(one.tokens[0], full.tokens[b])
     # the same request 5 times in one batch: 5 identical verdicts
     idx = torch.full((5,), 3, device=device)
@@ -452,7 +482,7 @@ def test_verdict_layout_and_unbatched_k_axis():
         n = int(v.accepted[b])
         assert v.tokens[b, :n].tolist() == x[b, 0, :n].tolist()
         assert int(v.tokens[b, n]) == int(v.next_token[b])
-        assert (v.tokens[b, n + 1:] == -1).all()
+        assert (v.tokens[b, n + 1 :] == -1).all()
     # [B, gamma] inputs (k axis dropped) give the same verdict; verify() dispatches
     v2 = verify("block", x[:, 0], P[:, 0], Q[:, 0], seeds=torch.arange(20), positions=0)
     assert torch.equal(v.tokens, v2.tokens)
@@ -479,7 +509,10 @@ def _valid(B=3, k=1, g=2, V=5, dtype=torch.float32):
         (lambda x, p, q: (x + 7, p, q), "outside"),
         (lambda x, p, q: (x - 1, p, q), "outside"),
         (lambda x, p, q: (x, p.long(), q), "floating"),
-        (lambda x, p, q: (x.expand(3, 2, 2), p.expand(3, 2, 3, 5), q.expand(3, 2, 2, 5)), "single draft branch"),
+        (
+            lambda x, p, q: (x.expand(3, 2, 2), p.expand(3, 2, 3, 5), q.expand(3, 2, 2, 5)),
+            "single draft branch",
+        ),
     ],
 )
 @pytest.mark.parametrize("fn", [token, block])

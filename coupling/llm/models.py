@@ -142,18 +142,27 @@ def load_target(dtype: str | torch.dtype = "bfloat16", device: str = "cpu"):
 
 @dataclass(frozen=True)
 class DraftSpec:
-    """Architecture of the trained draft: ``n_layers`` decoder layers of the target's shape."""
+    """Architecture of the draft: the target's first ``shared_layers`` decoder layers (shared
+    modules, not stored), then ``n_layers`` trained decoder layers of the target's shape
+    (initialised from target layers ``init_layers``)."""
 
     n_layers: int = 1
     init_layers: tuple[int, ...] = (0,)
+    shared_layers: int = 0
 
     def to_json(self) -> str:
-        return json.dumps({"n_layers": self.n_layers, "init_layers": list(self.init_layers)})
+        return json.dumps({"n_layers": self.n_layers, "init_layers": list(self.init_layers),
+                           "shared_layers": self.shared_layers})
 
     @staticmethod
     def from_json(text: str) -> DraftSpec:
         d = json.loads(text)
-        return DraftSpec(int(d["n_layers"]), tuple(int(i) for i in d["init_layers"]))
+        return DraftSpec(int(d["n_layers"]), tuple(int(i) for i in d["init_layers"]),
+                         int(d.get("shared_layers", 0)))
+
+    def shared_keys(self) -> tuple[str, ...]:
+        """Prefixes of state-dict keys owned by the target (never stored in the draft file)."""
+        return SHARED_KEYS + tuple(f"model.layers.{i}." for i in range(self.shared_layers))
 
 
 def build_draft(target, spec: DraftSpec):
@@ -170,15 +179,21 @@ def build_draft(target, spec: DraftSpec):
             f"spec.init_layers has {len(spec.init_layers)} entries for n_layers={spec.n_layers}; "
             "give one target layer index per draft layer"
         )
+    s = spec.shared_layers
+    if not 0 <= s <= target.config.num_hidden_layers:
+        raise ValueError(f"spec.shared_layers={s} must lie in [0, {target.config.num_hidden_layers}]")
     cfg = target.config.__class__.from_dict(target.config.to_dict())
-    cfg.num_hidden_layers = spec.n_layers
+    cfg.num_hidden_layers = s + spec.n_layers
     if hasattr(cfg, "layer_types") and cfg.layer_types is not None:
-        cfg.layer_types = list(cfg.layer_types)[: spec.n_layers]
+        cfg.layer_types = list(cfg.layer_types)[: cfg.num_hidden_layers]
     with torch.device("meta"):
         draft = LlamaForCausalLM(cfg)
     draft = draft.to_empty(device=target.device).to(target.dtype)
+    for i in range(s):
+        # the very same module: layer i of the target has layer_idx i, as in the draft
+        draft.model.layers[i] = target.model.layers[i]
     for i, src in enumerate(spec.init_layers):
-        draft.model.layers[i].load_state_dict(target.model.layers[src].state_dict())
+        draft.model.layers[s + i].load_state_dict(target.model.layers[src].state_dict())
     # to_empty left the rotary buffers uninitialised; the target's are identical by config.
     draft.model.rotary_emb = target.model.rotary_emb
     draft.model.embed_tokens = target.model.embed_tokens
@@ -188,17 +203,19 @@ def build_draft(target, spec: DraftSpec):
     return draft.eval()
 
 
-def own_state_dict(draft) -> dict[str, torch.Tensor]:
-    """The draft's own tensors (everything except the shared embeddings / norm / head)."""
+def own_state_dict(draft, spec: DraftSpec | None = None) -> dict[str, torch.Tensor]:
+    """The draft's own tensors (everything except what it shares with the target)."""
+    prefixes = (spec or DraftSpec(shared_layers=0)).shared_keys()
     sd = draft.state_dict()
-    return {k: v.detach().contiguous() for k, v in sd.items() if k not in SHARED_KEYS}
+    return {k: v.detach().contiguous() for k, v in sd.items()
+            if not any(k == p or (p.endswith(".") and k.startswith(p)) for p in prefixes)}
 
 
 def save_draft(draft, spec: DraftSpec, path: Path = DRAFT_WEIGHTS, meta: dict | None = None) -> Path:
     """Write the draft's own weights (bf16 safetensors) and its spec next to them."""
     from safetensors.torch import save_file
 
-    sd = {k: v.to(torch.bfloat16) for k, v in own_state_dict(draft).items()}
+    sd = {k: v.to(torch.bfloat16) for k, v in own_state_dict(draft, spec).items()}
     path.parent.mkdir(parents=True, exist_ok=True)
     save_file(sd, str(path), metadata={"spec": spec.to_json(), **{k: str(v) for k, v in (meta or {}).items()}})
     path.with_suffix(".json").write_text(json.dumps({"spec": json.loads(spec.to_json()), **(meta or {})}, indent=2))
@@ -209,6 +226,7 @@ def load_draft(target, path: Path = DRAFT_WEIGHTS):
     """Rebuild the trained draft on top of ``target`` (shared embeddings / norm / head)."""
     from safetensors import safe_open
 
+    path = Path(os.environ.get("COUPLING_DRAFT", path))
     if not Path(path).is_file():
         raise FileNotFoundError(
             f"draft weights {path} are missing; reproduce them with `python scripts/train_draft.py`"
@@ -217,13 +235,14 @@ def load_draft(target, path: Path = DRAFT_WEIGHTS):
         spec = DraftSpec.from_json(f.metadata()["spec"])
         own = {k: f.get_tensor(k) for k in f.keys()}
     draft = build_draft(target, spec)
-    missing = set(own_state_dict(draft)) - set(own)
+    missing = set(own_state_dict(draft, spec)) - set(own)
     if missing:
         raise ValueError(f"draft file {path} lacks tensors {sorted(missing)[:4]}...; retrain it")
     with torch.no_grad():
         for name, param in draft.named_parameters():
             if name in own:
                 param.copy_(own[name].to(param.dtype))
+    draft.coupling_spec = spec
     return draft.eval()
 
 

@@ -50,13 +50,39 @@ def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         x = x.masked_fill(x < kth, float("-inf"))
     pr = torch.softmax(x, dim=-1)
     if cfg.top_p < 1.0:
-        sp, si = torch.sort(pr, dim=-1, descending=True)
-        before = torch.cumsum(sp, dim=-1) - sp       # mass strictly above each sorted entry
-        drop = before >= cfg.top_p
-        sp = sp.masked_fill(drop, 0.0)
-        pr = torch.zeros_like(pr).scatter_(-1, si, sp)
-        pr = pr / pr.sum(-1, keepdim=True)
+        pr = _top_p(pr, cfg.top_p)
     return pr
+
+
+def _top_p(pr: torch.Tensor, top_p: float, head: int = 64) -> torch.Tensor:
+    """Nucleus truncation; exact, without sorting the whole vocabulary when possible.
+
+    A full sort of V = 49152 floats costs ~4 ms per row on CPU (more than a draft call), but
+    the nucleus is the prefix of the descending order, so when the ``head`` largest entries
+    already reach ``top_p`` the cut lies among them (``topk`` returns that prefix in order).
+    Rows whose head does not reach ``top_p`` fall back to a full sort.
+    """
+    flat = pr.reshape(-1, pr.shape[-1])
+    h = min(head, flat.shape[-1])
+    sp, si = torch.topk(flat, h, dim=-1)              # descending
+    covered = sp.sum(-1) >= top_p
+    if not bool(covered.all()):
+        rows = (~covered).nonzero().flatten()
+        full_v, full_i = torch.sort(flat[rows], dim=-1, descending=True)
+        out = torch.zeros_like(flat)
+        out[rows] = _cut(full_v, full_i, top_p, flat.shape[-1])
+        if bool(covered.any()):
+            ok = covered.nonzero().flatten()
+            out[ok] = _cut(sp[ok], si[ok], top_p, flat.shape[-1])
+        return out.reshape(pr.shape)
+    return _cut(sp, si, top_p, flat.shape[-1]).reshape(pr.shape)
+
+
+def _cut(sp: torch.Tensor, si: torch.Tensor, top_p: float, V: int) -> torch.Tensor:
+    before = torch.cumsum(sp, dim=-1) - sp            # mass strictly above each sorted entry
+    sp = sp.masked_fill(before >= top_p, 0.0)
+    out = torch.zeros(sp.shape[0], V, dtype=sp.dtype, device=sp.device).scatter_(-1, si, sp)
+    return out / out.sum(-1, keepdim=True)
 
 
 def hf_kwargs(cfg: SamplingConfig) -> dict:

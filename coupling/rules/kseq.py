@@ -31,10 +31,18 @@ grows, :math:`\beta` shrinks), ``g(rho) < 0`` for ``rho < 1`` when :math:`\beta 
 ``g(k) >= 0`` (Bernoulli: :math:`1 - (1-\beta)^k \le k\beta`). The acceptance
 :math:`1 - (1-\beta(\rho))^k` decreases in ``rho``, so the best valid choice is the
 smallest root :math:`\rho^\star \in [1, k]` of ``g``. :func:`optimal_rho` finds it
-exactly up to rounding: ``g`` is evaluated at the sorted breakpoints ``p(x)/q(x)``
-(O(V log V)), and on the bracketing segment, where :math:`\beta = A + B/\rho`, the root
-is polished by Brent's method and nudged up until ``g >= 0`` in floating point.
+exactly up to rounding, working with the equivalent O(1)-scaled margin
+:math:`h(\rho) = \rho - c(\beta(\rho))` (same sign as ``g`` when :math:`\beta > 0`; ``g``
+itself cancels catastrophically when :math:`\beta` is tiny), with
+:math:`c = \sum_{i<k} (1-\beta)^i` computed as a geometric sum: ``h`` is evaluated at the
+sorted breakpoints ``p(x)/q(x)`` in ``(1, k)`` (O(V log V), one sort and cumulative sums),
+and on the bracketing segment the root is polished by Brent's method and stepped up
+(1 ulp, 2, 4, ...) until ``h >= 0`` in floating point (``h(k) >= 0`` always holds).
+The acceptance is reported as :math:`\beta c` (no cancellation).
 For ``k = 1``, :math:`\rho^\star = 1` and the rule is ``token``.
+
+For a torch twin: ``rho`` and the residual depend only on ``(p, q, k)``; compute them once
+per step (``optimal_rho``, ``residual_law``), then run the accept loop of :func:`verify`.
 
 Guarantee (Sun et al. 2023, abstract and Theorem on K-SEQ): acceptance
 :math:`\ge (1 - 1/e)` times the optimal (LP) acceptance.

@@ -9,8 +9,14 @@ import torch
 from .rng import STREAM_ACCEPT, STREAM_SAMPLE, keyed_uniforms, uniforms
 
 __all__ = [
-    "Verdict", "check_inputs", "sample_rows", "assemble", "coin_uniforms", "accept_uniforms",
-    "sample_uniforms", "MAX_DRAFTS",
+    "Verdict",
+    "check_inputs",
+    "sample_rows",
+    "assemble",
+    "coin_uniforms",
+    "accept_uniforms",
+    "sample_uniforms",
+    "MAX_DRAFTS",
 ]
 
 
@@ -52,7 +58,10 @@ def _check_probs(x: torch.Tensor, name: str, atol: float | None) -> None:
         raise ValueError(f"{name} must be a floating tensor of probabilities, got dtype {x.dtype}")
     if x.numel() == 0:
         return
-    sums = x.sum(-1, dtype=torch.float64)
+    # float32 pairwise sums are accurate to ~1e-6 here, far inside the tolerance, and avoid
+    # materialising a float64 copy of [B, k, gamma+1, V]
+    acc = torch.float64 if x.dtype == torch.float64 else torch.float32
+    sums = x.sum(-1, dtype=acc).to(torch.float64)
     # NaN and +/-inf anywhere in a row make its sum non-finite: one pass catches both
     if not bool(torch.isfinite(sums).all()):
         raise ValueError(f"{name} contains NaN or inf; probabilities must be finite")
@@ -78,7 +87,9 @@ def _as_int_vector(x: torch.Tensor | int, name: str, B: int, device: torch.devic
     if t.ndim == 0:
         t = t.expand(B)
     if t.shape != (B,):
-        raise ValueError(f"{name} must have shape [B] = [{B}] (one per request), got {tuple(t.shape)}")
+        raise ValueError(
+            f"{name} must have shape [B] = [{B}] (one per request), got {tuple(t.shape)}"
+        )
     return t
 
 
@@ -115,7 +126,8 @@ def check_inputs(
     B, k, g = drafts.shape
     if p.ndim != 4 or q.ndim != 4:
         raise ValueError(
-            f"p must be [B, k, gamma+1, V] and q [B, k, gamma, V]; got p {tuple(p.shape)}, q {tuple(q.shape)}"
+            f"p must be [B, k, gamma+1, V] and q [B, k, gamma, V]; "
+            f"got p {tuple(p.shape)}, q {tuple(q.shape)}"
         )
     V = p.shape[-1]
     if tuple(p.shape) != (B, k, g + 1, V):
@@ -172,9 +184,14 @@ def coin_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int, k: int) 
     The layout does not depend on ``k``, so a multi-draft rule with ``k = 1`` uses exactly
     the coins of ``token`` (and is coin-for-coin identical to it where the rules coincide).
     """
+    seeds = torch.as_tensor(seeds, dtype=torch.int64)
+    positions = torch.as_tensor(positions, dtype=torch.int64, device=seeds.device)
+    positions = positions.expand(seeds.shape)
     i = torch.arange(g, device=seeds.device, dtype=torch.int64).view(1, g, 1)
     j = torch.arange(k, device=seeds.device, dtype=torch.int64).view(1, 1, k)
-    return keyed_uniforms(seeds.view(-1, 1, 1), positions.view(-1, 1, 1), STREAM_ACCEPT, i * MAX_DRAFTS + j)
+    return keyed_uniforms(
+        seeds.view(-1, 1, 1), positions.view(-1, 1, 1), STREAM_ACCEPT, i * MAX_DRAFTS + j
+    )
 
 
 def accept_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int) -> torch.Tensor:
@@ -183,11 +200,14 @@ def accept_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int) -> tor
 
 
 def sample_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int) -> torch.Tensor:
-    """``[B, g+1]`` float64: ``U(seed, t, STREAM_SAMPLE, n)``, for the token emitted at offset ``n``."""
+    """``[B, g+1]`` float64: ``U(seed, t, STREAM_SAMPLE, n)``, the draw of the token emitted
+    at offset ``n``."""
     return uniforms(seeds, positions, g + 1, stream=STREAM_SAMPLE)
 
 
-def sample_rows(weights: torch.Tensor, u: torch.Tensor, fallback: torch.Tensor | None = None) -> torch.Tensor:
+def sample_rows(
+    weights: torch.Tensor, u: torch.Tensor, fallback: torch.Tensor | None = None
+) -> torch.Tensor:
     """Inverse-CDF sample of one token per row of non-negative ``weights`` ``[N, V]``.
 
     Row ``n`` returns the first index ``i`` with ``cdf[i] > u[n] * cdf[-1]`` (float64
@@ -204,7 +224,9 @@ def sample_rows(weights: torch.Tensor, u: torch.Tensor, fallback: torch.Tensor |
             cdf = torch.where(empty.unsqueeze(-1), fallback.to(torch.float64).cumsum(-1), cdf)
             total = cdf[:, -1]
     # keep the target strictly below the total so the search always lands on a positive cell
-    target = torch.minimum(u.to(torch.float64) * total, torch.nextafter(total, torch.zeros_like(total)))
+    target = torch.minimum(
+        u.to(torch.float64) * total, torch.nextafter(total, torch.zeros_like(total))
+    )
     idx = torch.searchsorted(cdf, target.unsqueeze(-1), right=True).squeeze(-1)
     return idx.clamp_(max=w.shape[-1] - 1)
 

@@ -56,7 +56,8 @@ __all__ = [
 
 
 def draft_ratios(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``r[b, j, i] = p[b, j, i, x] / q[b, j, i, x]`` at the drafted ``x``, float64 ``[B, k, g]``."""
+    """``r[b, j, i] = p[b, j, i, x] / q[b, j, i, x]`` at the drafted ``x``,
+    float64 ``[B, k, g]``."""
     x = drafts.unsqueeze(-1)  # [B, k, g, 1]
     g = drafts.shape[-1]
     px = p[:, :, :g].gather(-1, x).squeeze(-1).to(torch.float64)
@@ -70,7 +71,8 @@ def token_accepted(ratios: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def block_weights(ratios: torch.Tensor) -> torch.Tensor:
-    """``w[b, i]`` for ``i = 0..g``: ``w_0 = 1``, ``w_i = min(w_{i-1} r_{i-1}, 1)``. ``[B, g] -> [B, g+1]``."""
+    """``w[b, i]`` for ``i = 0..g``: ``w_0 = 1``, ``w_i = min(w_{i-1} r_{i-1}, 1)``.
+    ``[B, g] -> [B, g+1]``."""
     B, g = ratios.shape
     w = torch.ones(B, g + 1, dtype=torch.float64, device=ratios.device)
     for i in range(g):  # sequential by definition (a clipped running product); g is small
@@ -78,8 +80,12 @@ def block_weights(ratios: torch.Tensor) -> torch.Tensor:
     return w
 
 
-def block_accepted(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor, eta: torch.Tensor) -> torch.Tensor:
-    """Accepted length of block verification. ``w [B, g+1]``, ``p [B, g+1, V]``, ``q [B, g, V]``, ``eta [B, g]``."""
+def block_accepted(
+    w: torch.Tensor, p: torch.Tensor, q: torch.Tensor, eta: torch.Tensor
+) -> torch.Tensor:
+    """Accepted length of block verification.
+
+    ``w [B, g+1]``, ``p [B, g+1, V]``, ``q [B, g, V]``, ``eta [B, g]`` -> int64 ``[B]``."""
     B, g1 = w.shape
     g = g1 - 1
     if g == 0:
@@ -114,7 +120,9 @@ def emit_residual(
     p_n = p[rows, n]  # [B, V]
     q_n = q[rows, n.clamp(max=max(g - 1, 0))] if g > 0 else torch.zeros_like(p_n)
     at_end = (n == g).unsqueeze(-1)
-    wts = (w_n.to(torch.float64).unsqueeze(-1) * p_n - torch.where(at_end, 0.0, q_n)).clamp_(min=0.0)
+    wts = (w_n.to(torch.float64).unsqueeze(-1) * p_n - torch.where(at_end, 0.0, q_n)).clamp_(
+        min=0.0
+    )
     return sample_rows(wts, u, fallback=p_n)
 
 

@@ -80,8 +80,13 @@ from .rng import gumbel_noise
 
 __all__ = ["kseq", "rrs", "optimal", "gumbel", "gumbel_draft", "kseq_rho", "walk_tree"]
 
-# A single-step rule: (p_i [B,V], q_i [B,V], x [B,k], alive [B,k], coins [B,k], u [B], i) -> y [B]
-StepFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+# A single-step rule on the A unfinished rows: (p_i [A,V], q_i [A,V], x [A,k], alive [A,k],
+# coins [A,k], u [A], offset i, batch rows act [A]) -> output token y [A]
+StepFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int,
+     torch.Tensor],
+    torch.Tensor,
+]
 
 
 def _first_true(mask: torch.Tensor) -> torch.Tensor:
@@ -96,46 +101,52 @@ def walk_tree(
     q: torch.Tensor,
     coins: torch.Tensor,
     u_sample: torch.Tensor,
-    bonus: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    bonus: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
 ) -> Verdict:
     """Walk the draft tree (module doc) with a single-step rule ``step``.
 
     ``drafts [B,k,g]``, ``p [B,k,g+1,V]``, ``q [B,k,g,V]``, ``coins [B,g,k]``, ``u_sample [B,g+1]``.
-    ``bonus(p_g [B,V], rows_u [B]) -> [B]`` draws the bonus token (default: inverse CDF).
+    ``bonus(p_g [A,V], u [A], act [A]) -> [A]`` draws the bonus token of the unfinished
+    rows ``act`` (default: inverse CDF with ``u``).
     """
     B, k, g = drafts.shape
     dev = drafts.device
-    rows = torch.arange(B, device=dev)
     alive = torch.ones(B, k, dtype=torch.bool, device=dev)  # branch agrees with the emitted prefix
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     accepted = torch.zeros(B, dtype=torch.int64, device=dev)
     nxt = torch.zeros(B, dtype=torch.int64, device=dev)
     branch = torch.zeros(B, dtype=torch.int64, device=dev)
     for i in range(g):  # sequential: survivors at i depend on the token emitted at i-1
-        # finished rows get no survivors, so rules skip them (their output is discarded)
-        alive = alive & ~done.unsqueeze(1)
-        ref = _first_true(alive)  # [B] lowest surviving branch: its laws are the prefix's laws
-        x = drafts[:, :, i]  # [B, k]
-        y = step(p[rows, ref, i], q[rows, ref, i], x, alive, coins[:, i], u_sample[:, i], i)
-        hit = alive & (x == y.unsqueeze(1))  # [B, k] survivors that drafted y
-        go = hit.any(-1) & ~done
-        stop = ~hit.any(-1) & ~done
-        nxt = torch.where(stop, y, nxt)
-        branch = torch.where(stop, ref, branch)
-        accepted = accepted + go.to(torch.int64)
-        alive = torch.where(go.unsqueeze(1), hit, alive)
-        done = done | stop
-    ref = _first_true(alive)
-    p_end = p[rows, ref, g]  # [B, V]
-    y_end = bonus(p_end, u_sample[:, g]) if bonus is not None else sample_rows(p_end, u_sample[:, g])
-    nxt = torch.where(done, nxt, y_end)
-    branch = torch.where(done, branch, ref)
+        # only unfinished rows are verified at offset i (gathered, then scattered back);
+        # the sync this costs is what lets a B = 1 call stop at its first residual token
+        act = torch.nonzero(~done).squeeze(1)
+        if act.numel() == 0:
+            break
+        al = alive[act]  # [A, k]
+        ref = _first_true(al)  # [A] lowest surviving branch: its laws are the prefix's laws
+        x = drafts[act, :, i]  # [A, k]
+        y = step(p[act, ref, i], q[act, ref, i], x, al, coins[act, i], u_sample[act, i], i, act)
+        hit = al & (x == y.unsqueeze(1))  # [A, k] survivors that drafted y
+        go = hit.any(-1)
+        stop = act[~go]
+        nxt[stop] = y[~go]
+        branch[stop] = ref[~go]
+        accepted[act] += go.to(torch.int64)
+        alive[act] = torch.where(go.unsqueeze(1), hit, al)
+        done[stop] = True
+    act = torch.nonzero(~done).squeeze(1)
+    if act.numel():
+        ref = _first_true(alive[act])
+        p_end = p[act, ref, g]  # [A, V]
+        u_end = u_sample[act, g]
+        nxt[act] = bonus(p_end, u_end, act) if bonus is not None else sample_rows(p_end, u_end)
+        branch[act] = ref
     return assemble(drafts, accepted, branch, nxt)
 
 
 # --------------------------------------------------------------------------------- rrs
 def _rrs_step(replacement: bool) -> StepFn:
-    def step(p_i, q_i, x, alive, coins, u, i):
+    def step(p_i, q_i, x, alive, coins, u, i, act):
         B, k = x.shape
         r = p_i.to(torch.float64)  # [B, V] current target
         qc = q_i.to(torch.float64)  # [B, V] current draft law
@@ -148,6 +159,8 @@ def _rrs_step(replacement: bool) -> StepFn:
             y = torch.where(acc, xj.squeeze(1), y)
             decided = decided | acc
             rej = (test & ~acc).unsqueeze(1)
+            if not bool(rej.any()):  # nothing rejected: r and q_j stay as they are
+                continue
             d = (r - qc).clamp_(min=0.0)
             z = d.sum(-1, keepdim=True)
             # z == 0: this step accepts with probability 1, the residual is never used
@@ -156,6 +169,8 @@ def _rrs_step(replacement: bool) -> StepFn:
                 qn = qc.scatter(1, xj, 0.0)
                 zq = qn.sum(-1, keepdim=True)
                 qc = torch.where(rej & (zq > 0), qn / torch.where(zq > 0, zq, 1.0), qc)
+        if bool(decided.all()):
+            return y
         return torch.where(decided, y, sample_rows(r, u))
 
     return step
@@ -230,7 +245,7 @@ def kseq_rho(p: torch.Tensor, q: torch.Tensor, m: torch.Tensor, iters: int = 200
     return rho.index_put((idx,), hi)
 
 
-def _kseq_step(p_i, q_i, x, alive, coins, u, i):
+def _kseq_step(p_i, q_i, x, alive, coins, u, i, act):
     B, k = x.shape
     p64, q64 = p_i.to(torch.float64), q_i.to(torch.float64)
     m = alive.sum(-1)
@@ -239,11 +254,15 @@ def _kseq_step(p_i, q_i, x, alive, coins, u, i):
     y = torch.zeros(B, dtype=torch.int64, device=x.device)
     for j in range(k):
         xj = x[:, j : j + 1]
-        acc = alive[:, j] & ~decided & (
-            coins[:, j] * rho * q64.gather(1, xj).squeeze(1) < p64.gather(1, xj).squeeze(1)
+        acc = (
+            alive[:, j]
+            & ~decided
+            & (coins[:, j] * rho * q64.gather(1, xj).squeeze(1) < p64.gather(1, xj).squeeze(1))
         )
         y = torch.where(acc, xj.squeeze(1), y)
         decided = decided | acc
+    if bool(decided.all()):
+        return y
     low = torch.minimum(q64, p64 / rho.unsqueeze(1))  # [B, V] min(q, p / rho)
     beta = low.sum(-1, keepdim=True)
     c = _geometric_c(beta, m.clamp(min=1).to(torch.float64).unsqueeze(1), max(int(m.max()), 1))
@@ -256,10 +275,10 @@ def _kseq_step(p_i, q_i, x, alive, coins, u, i):
 def _optimal_step(replacement: bool) -> StepFn:
     token_step = _rrs_step(True)  # with one draft, rrs is exactly the token rule
 
-    def step(p_i, q_i, x, alive, coins, u, i):
+    def step(p_i, q_i, x, alive, coins, u, i, act):
         from ..rules import optimal as ref
 
-        y = token_step(p_i, q_i, x, alive & (torch.cumsum(alive, -1) == 1), coins, u, i)
+        y = token_step(p_i, q_i, x, alive & (torch.cumsum(alive, -1) == 1), coins, u, i, act)
         multi = alive.sum(-1) >= 2
         if not bool(multi.any()):
             return y
@@ -279,7 +298,9 @@ def _optimal_step(replacement: bool) -> StepFn:
 
 
 # ------------------------------------------------------------------------------ gumbel
-def gumbel_draft(q: torch.Tensor, seeds: torch.Tensor | int, positions: torch.Tensor | int) -> torch.Tensor:
+def gumbel_draft(
+    q: torch.Tensor, seeds: torch.Tensor | int, positions: torch.Tensor | int
+) -> torch.Tensor:
     """Drafter side of the Gumbel coupling: ``argmax_v log q[..., v] + G(seed, position, v)``.
 
     ``q`` is ``[..., V]``; ``seeds`` and ``positions`` broadcast to ``q.shape[:-1]`` (e.g. a
@@ -295,7 +316,9 @@ def gumbel_draft(q: torch.Tensor, seeds: torch.Tensor | int, positions: torch.Te
     return torch.argmax(q.to(torch.float64).log() + G, -1)
 
 
-def _gumbel_target(p_rows: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+def _gumbel_target(
+    p_rows: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
     """``argmax_v log p[b, v] + G(seeds[b], positions[b], v)`` (float64), ``[B, V] -> [B]``."""
     G = gumbel_noise(seeds, positions, p_rows.shape[-1], dtype=torch.float64, device=p_rows.device)
     return torch.argmax(p_rows.to(torch.float64).log() + G, -1)
@@ -324,10 +347,13 @@ def _multi(
         first = drafts[:, :, 0].sort(-1).values
         if bool((first[:, 1:] == first[:, :-1]).any()):
             raise ValueError(
-                "replacement=False promises k distinct first tokens (successive sampling), but some "
+                "replacement=False promises k distinct first tokens (successive sampling), "
+                "but some "
                 "request repeats one; pass replacement=True for i.i.d. branches"
             )
-    coins = coin_uniforms(seeds, positions, g, k) if accept_u is None else accept_u.to(torch.float64)
+    coins = (
+        coin_uniforms(seeds, positions, g, k) if accept_u is None else accept_u.to(torch.float64)
+    )
     u = sample_uniforms(seeds, positions, g) if sample_u is None else sample_u.to(torch.float64)
     if coins.shape != (B, g, k) or u.shape != (B, g + 1):
         raise ValueError(f"accept_u must be [B, gamma, k] = {(B, g, k)} and sample_u [B, gamma+1]")
@@ -340,8 +366,19 @@ def _multi(
     return walk_tree(step, drafts, p, q, coins, u)
 
 
-def rrs(drafts, p, q, *, seeds, positions, replacement: bool = True, validate: bool = True,
-        atol: float | None = None, accept_u=None, sample_u=None) -> Verdict:
+def rrs(
+    drafts,
+    p,
+    q,
+    *,
+    seeds,
+    positions,
+    replacement: bool = True,
+    validate: bool = True,
+    atol: float | None = None,
+    accept_u=None,
+    sample_u=None,
+) -> Verdict:
     """Recursive rejection sampling over a draft tree (module doc), batched.
 
     ``drafts [B,k,g]``, ``p [B,k,g+1,V]``, ``q [B,k,g,V]``, ``seeds``/``positions`` ``[B]``;
@@ -349,52 +386,122 @@ def rrs(drafts, p, q, *, seeds, positions, replacement: bool = True, validate: b
     branch continues as a single chain. ``accept_u [B,g,k]`` / ``sample_u [B,g+1]`` override
     the keyed uniforms (tests). Returns a :class:`Verdict`.
     """
-    return _multi("rrs", drafts, p, q, seeds, positions, replacement=replacement, validate=validate,
-                  atol=atol, accept_u=accept_u, sample_u=sample_u)
+    return _multi(
+        "rrs",
+        drafts,
+        p,
+        q,
+        seeds,
+        positions,
+        replacement=replacement,
+        validate=validate,
+        atol=atol,
+        accept_u=accept_u,
+        sample_u=sample_u,
+    )
 
 
-def kseq(drafts, p, q, *, seeds, positions, replacement: bool = True, validate: bool = True,
-         atol: float | None = None, accept_u=None, sample_u=None) -> Verdict:
+def kseq(
+    drafts,
+    p,
+    q,
+    *,
+    seeds,
+    positions,
+    replacement: bool = True,
+    validate: bool = True,
+    atol: float | None = None,
+    accept_u=None,
+    sample_u=None,
+) -> Verdict:
     """SpecTr k-sequential selection over a draft tree of i.i.d. branches (module doc), batched."""
     if not replacement:
-        raise ValueError("kseq is defined for i.i.d. drafts only; use replacement=True (or rrs/optimal)")
-    return _multi("kseq", drafts, p, q, seeds, positions, replacement=True, validate=validate,
-                  atol=atol, accept_u=accept_u, sample_u=sample_u)
+        raise ValueError(
+            "kseq is defined for i.i.d. drafts only; use replacement=True (or rrs/optimal)"
+        )
+    return _multi(
+        "kseq",
+        drafts,
+        p,
+        q,
+        seeds,
+        positions,
+        replacement=True,
+        validate=validate,
+        atol=atol,
+        accept_u=accept_u,
+        sample_u=sample_u,
+    )
 
 
-def optimal(drafts, p, q, *, seeds, positions, replacement: bool = True, validate: bool = True,
-            atol: float | None = None, accept_u=None, sample_u=None) -> Verdict:
+def optimal(
+    drafts,
+    p,
+    q,
+    *,
+    seeds,
+    positions,
+    replacement: bool = True,
+    validate: bool = True,
+    atol: float | None = None,
+    accept_u=None,
+    sample_u=None,
+) -> Verdict:
     """LP-optimal verification over a draft tree (module doc).
 
     One survivor: the token rule (vectorised). ``m >= 2`` survivors: exact LP-plan sampling,
     numpy, per row, small vocabularies only (``ValueError`` beyond
     :data:`coupling.rules.optimal.MAX_PLAN_ENTRIES`).
     """
-    return _multi("optimal", drafts, p, q, seeds, positions, replacement=replacement,
-                  validate=validate, atol=atol, accept_u=accept_u, sample_u=sample_u)
+    return _multi(
+        "optimal",
+        drafts,
+        p,
+        q,
+        seeds,
+        positions,
+        replacement=replacement,
+        validate=validate,
+        atol=atol,
+        accept_u=accept_u,
+        sample_u=sample_u,
+    )
 
 
-def gumbel(drafts, p, q=None, *, seeds, positions, validate: bool = True,
-           atol: float | None = None, **_ignored) -> Verdict:
+def gumbel(
+    drafts,
+    p,
+    q=None,
+    *,
+    seeds,
+    positions,
+    validate: bool = True,
+    atol: float | None = None,
+    **_ignored,
+) -> Verdict:
     """Gumbel-max coupling along a draft tree (module doc): emits the target's keyed
     Gumbel-max stream; accepts drafts while they agree with it. ``q`` is only validated
     (and may be None): the output does not depend on it."""
     if q is None:  # the rule never reads q: validate against a uniform stand-in
         if not isinstance(p, torch.Tensor) or p.ndim not in (3, 4) or not p.dtype.is_floating_point:
             raise ValueError("p must be a floating tensor [B, k, gamma+1, V] (or [B, gamma+1, V])")
-        q = torch.full((*p.shape[:-2], p.shape[-2] - 1, p.shape[-1]), 1.0 / p.shape[-1],
-                       dtype=p.dtype, device=p.device)
+        q = torch.full(
+            (*p.shape[:-2], p.shape[-2] - 1, p.shape[-1]),
+            1.0 / p.shape[-1],
+            dtype=p.dtype,
+            device=p.device,
+        )
     drafts, p, q, seeds, positions = check_inputs(
-        drafts, p, q, seeds, positions, validate=validate, atol=atol, rule="gumbel")
+        drafts, p, q, seeds, positions, validate=validate, atol=atol, rule="gumbel"
+    )
     B, k, g = drafts.shape
     dummy_coins = torch.zeros(B, g, k, dtype=torch.float64, device=drafts.device)
     dummy_u = torch.zeros(B, g + 1, dtype=torch.float64, device=drafts.device)
 
-    def step(p_i, q_i, x, alive, coins, u, i):
-        return _gumbel_target(p_i, seeds, positions + i)
+    def step(p_i, q_i, x, alive, coins, u, i, act):
+        return _gumbel_target(p_i, seeds[act], positions[act] + i)
 
-    def bonus(p_g, u):
-        return _gumbel_target(p_g, seeds, positions + g)
+    def bonus(p_g, u, act):
+        return _gumbel_target(p_g, seeds[act], positions[act] + g)
 
     return walk_tree(step, drafts, p, q, dummy_coins, dummy_u, bonus=bonus)
-

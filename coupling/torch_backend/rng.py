@@ -14,7 +14,8 @@ where ``s`` is the request's seed, ``t`` an absolute sequence position (the posi
 the first drafted token of a verification call; for Gumbel noise, the position of the
 token the noise decides), ``c`` a *stream* id (acceptance tests, residual samples, Gumbel
 noise, ...; see the ``STREAM_*`` constants) and ``j`` a counter inside the stream (offset
-in the block, draft index, vocabulary index). The hash chains the SplitMix64 finaliser ``m`` (Steele, Lea & Flood,
+in the block, draft index, vocabulary index). The hash chains the SplitMix64 finaliser
+``m`` (Steele, Lea & Flood,
 "Fast splittable pseudorandom number generators", OOPSLA 2014)::
 
     h = m(m(m(m(s + g) ^ (t + g)) ^ (c + g)) ^ (j + g)),   g = 0x9E3779B97F4A7C15
@@ -78,7 +79,10 @@ def _mix(z: torch.Tensor) -> torch.Tensor:
 
 
 def keyed_hash(
-    seed: torch.Tensor, position: torch.Tensor, stream: torch.Tensor | int, counter: torch.Tensor | int
+    seed: torch.Tensor,
+    position: torch.Tensor,
+    stream: torch.Tensor | int,
+    counter: torch.Tensor | int,
 ) -> torch.Tensor:
     """``h(seed, position, stream, counter)`` as int64 (uint64 bit pattern); broadcasts."""
     h = _mix(seed + _GOLDEN)
