@@ -94,7 +94,6 @@ def run(device: str, reps: int, min_time: float, target_ms: float, configs=CONFI
         )
         print(lines[-1], flush=True)
         for name, fn in VERIFIERS.items():
-
             d = drafts
             if name == "gumbel":  # shared-noise drafts: x_i = argmax(log q_i + G(seed, t + i))
                 t_i = pos.view(B, 1, 1) + torch.arange(g, device=device).view(1, 1, g)
@@ -127,8 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     ap.add_argument("--device", default="cpu", help="cpu, cuda, or all (cpu and cuda if present)")
     ap.add_argument("--target-ms", type=float, default=48.0, help="target LM step in ms (CPU)")
-    ap.add_argument("--configs", default=None,
-                    help='subset of "B,k,gamma" triples separated by ";" (default: all three)')
+    ap.add_argument(
+        "--configs",
+        default=None,
+        help='subset of "B,k,gamma" triples separated by ";" (default: all three)',
+    )
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -142,8 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"torch {torch.__version__}, intra-op threads {torch.get_num_threads()}, V = {V}")
     for d in devices:
         print(f"\n## device: {d}\n")
-        configs = CONFIGS if args.configs is None else tuple(
-            tuple(int(v) for v in c.split(",")) for c in args.configs.split(";"))
+        configs = (
+            CONFIGS
+            if args.configs is None
+            else tuple(tuple(int(v) for v in c.split(",")) for c in args.configs.split(";"))
+        )
         run(d, reps, min_time, args.target_ms, configs)
     return 0
 

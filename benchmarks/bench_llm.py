@@ -34,7 +34,8 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9) -> dict:
+def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9,
+               head_tokens: int = 0) -> dict:
     import torch
     from transformers import DynamicCache
 
@@ -42,6 +43,7 @@ def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9) -> dict:
 
     target = models.load_target(dtype)
     draft = models.load_draft(target)
+    small = models.load_draft(target, head_tokens=head_tokens) if head_tokens else None
     g = torch.Generator().manual_seed(0)
 
     def med(model, B, n):
@@ -64,8 +66,17 @@ def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9) -> dict:
     out["target_ms"]["B4_n5 (k=4, gamma=4 verify)"] = med(target, 4, 5)
     for B in (1, 2, 4):
         out["draft_ms"][f"B{B}_n1"] = med(draft, B, 1)
+    if small is not None:
+        for B in (1, 4):
+            out["draft_ms"][f"B{B}_n1 head {head_tokens}"] = med(small, B, 1)
     out["draft_over_target"] = out["draft_ms"]["B1_n1"] / out["target_ms"]["B1_n1"]
     return out
+
+
+def torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,16 +88,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-costs", action="store_true")
     args, rest = ap.parse_known_args(argv)
 
+    dargs = demo._parser().parse_args((["--quick"] if args.quick else []) + rest)
+    if dargs.threads:
+        import torch
+
+        torch.set_num_threads(dargs.threads)
     costs = None
     if not args.skip_costs:
-        costs = step_costs()
-        print("step costs (median ms, context 100, bf16):")
+        costs = step_costs(head_tokens=dargs.draft_head)
+        print(f"step costs (median ms, context 100, bf16, {torch_threads()} threads):")
         for kind in ("target_ms", "draft_ms"):
             for name, v in costs[kind].items():
                 print(f"  {kind[:-3]:<7}{name:<30}{v:7.1f}")
         print(f"  draft / target step: {costs['draft_over_target']:.3f}")
 
-    dargs = demo._parser().parse_args((["--quick"] if args.quick else []) + rest)
     res = demo.run(dargs)
     print(demo.format_table(res))
     rules = res["rules"]

@@ -57,7 +57,7 @@ class InterpreterKernelManager(AsyncKernelManager):
 
 
 def kernel_env() -> dict[str, str]:
-    """Environment for the kernel: headless inline matplotlib, offline Hugging Face, this venv first."""
+    """Kernel environment: headless inline matplotlib, offline Hugging Face, this venv first."""
     env = dict(os.environ)
     bindir = os.path.dirname(sys.executable)
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
@@ -69,11 +69,14 @@ def kernel_env() -> dict[str, str]:
     env["TOKENIZERS_PARALLELISM"] = "false"
     env["PYTHONHASHSEED"] = "0"
     # the package is importable from the repository root even without an editable install
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    extra = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + extra if extra else "")
     return env
 
 
-def execute(nb: nbformat.NotebookNode, *, timeout: int = 600, cwd: Path = NB_DIR) -> nbformat.NotebookNode:
+def execute(
+    nb: nbformat.NotebookNode, *, timeout: int = 600, cwd: Path = NB_DIR
+) -> nbformat.NotebookNode:
     """Execute ``nb`` in place (and return it) with a kernel running ``sys.executable``.
 
     Raises ``nbclient.exceptions.CellExecutionError`` on the first cell that raises.
@@ -107,7 +110,9 @@ def parse_percent(text: str) -> nbformat.NotebookNode:
     if kind is not None:
         cells.append((kind, lines))
     nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"
+    }
     nb.metadata["language_info"] = {"name": "python"}
     for kind, body in cells:
         while body and not body[-1].strip():
@@ -146,7 +151,7 @@ def build(src: Path, *, run: bool = True) -> tuple[Path, float]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("only", nargs="*", help="build only sources whose name starts with one of these")
+    ap.add_argument("only", nargs="*", help="build only sources whose name starts with these")
     ap.add_argument("--no-exec", action="store_true", help="convert without executing")
     args = ap.parse_args(argv)
     sources = sorted(SRC_DIR.glob("*.py"))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Train the 1-layer SmolLM2 draft by distillation; reproduces coupling/data/draft_smollm2.safetensors.
+"""Train the 1-layer SmolLM2 draft by distillation (coupling/data/draft_smollm2.safetensors).
 
 Method
 ------
@@ -33,7 +33,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from coupling.llm import models
 
@@ -104,6 +103,31 @@ def generate_corpus(target, tok, prompts, new_tokens, batch, top_k, seed):
     return out
 
 
+def head_ranking(data, vocab_size: int, n: int = 16384) -> torch.Tensor:
+    """Tokens ranked by total target probability over the corpus positions (top-K rows).
+
+    Used to restrict the draft's LM head to the tokens that carry the target's mass
+    (:class:`coupling.llm.models.SubsetHead`); the first ``n`` are kept.
+    """
+    mass = torch.zeros(vocab_size, dtype=torch.float64)
+    for s in data:
+        mass.index_add_(0, s["idx"].long().flatten(), s["logp"].double().exp().flatten())
+    # tokens never seen keep mass 0 and rank last (ties broken by token id: deterministic)
+    return torch.argsort(-mass, stable=True)[:n].to(torch.int32)
+
+
+def coverage(data, ranking: torch.Tensor, n: int) -> float:
+    """Mean target mass inside the first n ranked tokens (over corpus positions)."""
+    keep = torch.zeros(int(ranking.max()) + 1 + 49152, dtype=torch.bool)
+    keep[ranking[:n].long()] = True
+    tot, cnt = 0.0, 0
+    for s in data:
+        p = s["logp"].double().exp()
+        tot += (p * keep[s["idx"].long()]).sum().item()
+        cnt += p.shape[0]
+    return tot / cnt
+
+
 def coarse_kl_loss(draft_logits, idx, logp_t, mask):
     """KL(p || q) on the coarsened vocabulary {top-K of p} + {tail}, averaged over mask."""
     logq = torch.log_softmax(draft_logits.float(), -1)
@@ -116,14 +140,17 @@ def coarse_kl_loss(draft_logits, idx, logp_t, mask):
 
 
 @torch.no_grad()
-def agreement(draft, data, temperature=1.0, max_seq=24):
-    """Mean sum_x min(p_x, q_x) over stored positions (p restricted to its top K: a lower bound)."""
+def agreement(draft, data, max_seq=24):
+    """Mean sum_x min(p_x, q_x) over stored positions, temperature 1.
+
+    p is known on its top K only, so this is a lower bound of the full-vocabulary overlap.
+    """
     tot, n = 0.0, 0
     for s in data[:max_seq]:
         ids = s["ids"][None]
         logits = draft(ids).logits[0, s["n_prompt"] - 1:-1].float()
-        q = torch.softmax(logits / temperature, -1)
-        p = torch.softmax(s["logp"].float() / temperature, -1) if temperature != 1.0 else s["logp"].float().exp()
+        q = torch.softmax(logits, -1)
+        p = s["logp"].float().exp()
         qk = q.gather(-1, s["idx"].long())
         tot += torch.minimum(p, qk).sum().item()
         n += qk.shape[0]
@@ -144,6 +171,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shared-layers", type=int, default=0,
                     help="share the target's first N layers (frozen, not stored) below it")
     ap.add_argument("--resume", type=Path, default=None, help="start from these draft weights")
+    ap.add_argument("--rank-only", action="store_true",
+                    help="with --resume: only add the head-token ranking and re-save")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1,
                     help="torch threads (1 avoids OpenMP stalls on a loaded shared machine)")
@@ -169,21 +198,36 @@ def main(argv=None) -> int:
         print(f"corpus: {len(data)} sequences in {time.perf_counter() - t0:.0f} s")
     n_tok = sum(int(s["idx"].shape[0]) for s in data)
     print(f"corpus: {n_tok} target positions")
+    ranking = head_ranking(data, target.config.vocab_size)
+    for n in (4096, 8192, 16384):
+        print(f"head subset {n}: mean target mass covered {coverage(data, ranking, n):.4f}")
     rng = random.Random(args.seed)
     rng.shuffle(data)
     held, train = data[:16], data[16:]
+    if args.rank_only:
+        if args.resume is None:
+            raise ValueError("--rank-only needs --resume PATH")
+        draft = models.load_draft(target, args.resume)
+        from safetensors import safe_open
 
-    s = args.shared_layers
-    init = s if args.init_layer is None else args.init_layer
+        with safe_open(str(args.resume), framework="pt") as f:
+            meta = {k: v for k, v in f.metadata().items() if k != "spec"}
+        meta["shared_layers"] = draft.coupling_spec.shared_layers
+        models.save_draft(draft, draft.coupling_spec, args.out, meta, head_tokens=ranking)
+        print(f"wrote {args.out} with head ranking")
+        return 0
+
+    n_shared = args.shared_layers
+    init = n_shared if args.init_layer is None else args.init_layer
     if args.resume is not None:
         draft = models.load_draft(target, args.resume)
         spec = draft.coupling_spec
-        s = spec.shared_layers
+        n_shared = spec.shared_layers
     else:
-        spec = models.DraftSpec(1, (init,), shared_layers=s)
+        spec = models.DraftSpec(1, (init,), shared_layers=n_shared)
         draft = models.build_draft(target, spec)
     # Train the own layer in float32; shared tensors and layers stay frozen bf16.
-    own_layers = draft.model.layers[s:]
+    own_layers = draft.model.layers[n_shared:]
     own_layers.float()
     for prm in draft.parameters():
         prm.requires_grad_(False)
@@ -224,10 +268,11 @@ def main(argv=None) -> int:
     print(f"held-out mean sum min(p,q) after training: {after:.4f} ({step} steps)")
     meta = {"steps": step, "corpus_positions": n_tok, "heldout_agreement_before": round(before, 4),
             "heldout_agreement_after": round(after, 4), "init_layer": init,
-            "shared_layers": s, "resumed_from": str(args.resume) if args.resume else None,
+            "shared_layers": n_shared, "resumed_from": str(args.resume) if args.resume else None,
             "minutes_total": round((time.perf_counter() - t_start) / 60, 1),
-            "command": "python scripts/train_draft.py " + " ".join(sys.argv[1:] if argv is None else argv)}
-    path = models.save_draft(draft, spec, args.out, meta)
+            "command": "python scripts/train_draft.py "
+            + " ".join(sys.argv[1:] if argv is None else argv)}
+    path = models.save_draft(draft, spec, args.out, meta, head_tokens=ranking)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB); meta {json.dumps(meta)}")
     return 0
 

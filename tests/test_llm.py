@@ -184,7 +184,8 @@ def exact_two_token_law(target, prompt, cfg):
     law = torch.zeros(V, V, dtype=torch.float64)
     for x1 in range(V):
         if p1[x1] > 0:
-            law[x1] = p1[x1] * probs(fresh_next_logits(target, prompt + [x1])[None], cfg)[0].double()
+            p2 = probs(fresh_next_logits(target, prompt + [x1])[None], cfg)[0].double()
+            law[x1] = p1[x1] * p2
     return law.numpy()
 
 
@@ -282,3 +283,11 @@ def test_top_p_fast_path_equals_full_sort():
             ref = torch.stack([torch.tensor(np_reference(np.log(r.numpy()), 1.0, 0, top_p))
                                for r in pr])
             torch.testing.assert_close(fast.double(), ref, atol=1e-9, rtol=0)
+
+
+def test_draft_sampler_never_returns_zero_probability_tokens_and_has_the_right_law():
+    q = torch.tensor([[0.0, 0.5, 0.0, 0.25, 0.25]] * 20000)
+    x = E._sample_rows(q, torch.Generator().manual_seed(0))
+    counts = np.bincount(x.numpy(), minlength=5)
+    assert counts[0] == counts[2] == 0
+    assert stats.chisquare(counts[[1, 3, 4]], 20000 * np.array([0.5, 0.25, 0.25])).pvalue > 1e-3

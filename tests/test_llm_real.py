@@ -54,21 +54,50 @@ def test_draft_file_is_small_and_shares_the_target_tensors(real):
     assert models.param_count(draft, exclude_shared=True) < 4e6
 
 
-def test_rollback_matches_fresh_recomputation(real):
-    target, draft, _, prompt = real
+@pytest.fixture(scope="module")
+def real32():
+    target = models.load_target("float32")
+    return target, models.load_draft(target)
+
+
+@pytest.mark.parametrize("rule,k", [("token", 1), ("kseq", 4)])
+def test_rollback_matches_fresh_recomputation_float32(real, real32, rule, k):
+    """In float32 the cached, rolled-back, branch-selected logits equal a fresh full pass."""
+    if rules_adapter.available().get(rule):
+        pytest.skip(rules_adapter.available()[rule])
+    _, _, _, prompt = real
+    target, draft = real32
     cfg = SamplingConfig(1.0)
     tlm = E.CachedLM(target)
-    res = E.generate(target, E.ModelDrafter(draft), prompt, max_new_tokens=40, rule="token",
-                     gamma=4, cfg=cfg, seed=0, target=tlm)
+    res = E.generate(target, E.ModelDrafter(draft), prompt, max_new_tokens=30, rule=rule,
+                     gamma=3, k=k, cfg=cfg, seed=0, target=tlm)
     assert any(s.accepted < s.drafted for s in res.steps), "no rejection: rollback untested"
     seq = prompt + res.tokens
     feed = tlm.sync(seq)
     assert tlm.tokens[0] == seq[: len(tlm.tokens[0])]
-    inc = probs(tlm.forward(torch.tensor([feed]))[:, -1], cfg)[0].double()
+    inc = tlm.forward(torch.tensor([feed]))[0, -1].float()
+    with torch.no_grad():
+        fresh = target(torch.tensor([seq])).logits[0, -1].float()
+    torch.testing.assert_close(inc, fresh, atol=2e-3, rtol=1e-3)
+
+
+def test_rollback_bf16_within_bf16_noise(real):
+    """bf16: rolled-back cache vs fresh pass differ only by bf16 rounding (same order as an
+    append-only cache vs a fresh pass)."""
+    target, draft, _, prompt = real
+    cfg = SamplingConfig(1.0)
+    tlm = E.CachedLM(target)
+    res = E.generate(target, E.ModelDrafter(draft), prompt, max_new_tokens=30, rule="token",
+                     gamma=3, cfg=cfg, seed=0, target=tlm)
+    seq = prompt + res.tokens
+    inc = probs(tlm.forward(torch.tensor([tlm.sync(seq)]))[:, -1], cfg)[0].double()
     fresh = fresh_probs(target, seq, cfg)
-    # bf16: incremental vs full-sequence matmuls round differently; laws agree to ~1e-2 in TV
-    assert 0.5 * (inc - fresh).abs().sum().item() < 2e-2
-    assert int(inc.argmax()) == int(fresh.argmax())
+    ar = E.CachedLM(target)          # append-only reference: one token at a time, no rollback
+    E.prefill(ar, seq)
+    app = probs(ar.forward(torch.tensor([seq[-1:]]))[:, -1], cfg)[0].double()
+    tv_roll = 0.5 * (inc - fresh).abs().sum().item()
+    tv_app = 0.5 * (app - fresh).abs().sum().item()
+    assert tv_roll < max(3 * tv_app, 1e-3) + 0.02, (tv_roll, tv_app)
 
 
 CFG2 = SamplingConfig(1.0, top_k=2)
@@ -109,7 +138,7 @@ def pvalue(counts, law):
 def law(real):
     target, _, _, prompt = real
     cells = exact_law(target, prompt)
-    assert len(cells) == 4 and abs(sum(cells.values()) - 1) < 1e-9
+    assert len(cells) == 4 and abs(sum(cells.values()) - 1) < 1e-6  # float32 laws
     return cells
 
 

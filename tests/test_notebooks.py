@@ -40,7 +40,8 @@ EXPECTED = [
 
 
 def _load_builder():
-    spec = importlib.util.spec_from_file_location("build_notebooks", ROOT / "scripts" / "build_notebooks.py")
+    path = ROOT / "scripts" / "build_notebooks.py"
+    spec = importlib.util.spec_from_file_location("build_notebooks", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -60,7 +61,7 @@ def _errors(nb) -> list[str]:
         for o in cell.get("outputs", []):
             if o.get("output_type") == "error":
                 out.append(f"cell {i}: {o.get('ename')}: {o.get('evalue')}")
-            elif o.get("output_type") == "stream" and o.get("name") == "stderr" and "Traceback" in o.get("text", ""):
+            elif o.get("name") == "stderr" and "Traceback" in o.get("text", ""):
                 out.append(f"cell {i}: traceback on stderr")
     return out
 
@@ -84,11 +85,14 @@ def test_kernel_runs_current_interpreter(monkeypatch):
     """With the venv stripped from PATH the kernel must still be ``sys.executable``."""
     bindir = os.path.dirname(sys.executable)
     stripped = os.pathsep.join(
-        d for d in os.environ.get("PATH", "").split(os.pathsep) if d and os.path.abspath(d) != bindir
+        d
+        for d in os.environ.get("PATH", "").split(os.pathsep)
+        if d and os.path.abspath(d) != bindir
     )
     monkeypatch.setenv("PATH", stripped or "/usr/bin:/bin")
     nb = nbformat.v4.new_notebook()
-    nb.cells.append(nbformat.v4.new_code_cell("import sys, matplotlib\nprint(sys.executable)\nprint(matplotlib.get_backend())"))
+    code = "import sys, matplotlib\nprint(sys.executable)\nprint(matplotlib.get_backend())"
+    nb.cells.append(nbformat.v4.new_code_cell(code))
     builder.execute(nb, timeout=120)
     text = "".join(o.get("text", "") for o in nb.cells[0].outputs if o.output_type == "stream")
     exe, backend = text.split()[:2]
@@ -114,7 +118,9 @@ def test_committed_notebook_has_outputs(path: Path):
     nbformat.validate(nb)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code, f"{path.name} has no code"
-    unexecuted = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.execution_count is None]
+    unexecuted = [
+        i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.execution_count is None
+    ]
     assert not unexecuted, f"{path.name}: cells {unexecuted} were never executed; rebuild it"
     assert not _errors(nb), _errors(nb)
     assert _n_images(nb) >= 1, f"{path.name} has no embedded PNG output"
@@ -127,6 +133,9 @@ def test_committed_notebook_matches_source(path: Path):
     assert src.exists(), f"{path.name} has no source {src.relative_to(ROOT)}"
     want = builder.parse_percent(src.read_text())
     have = nbformat.read(path, as_version=4)
-    assert [(c.cell_type, c.source) for c in have.cells] == [(c.cell_type, c.source) for c in want.cells], (
+    def cells(nb):
+        return [(c.cell_type, c.source) for c in nb.cells]
+
+    assert cells(have) == cells(want), (
         f"{path.name} is stale: run `python scripts/build_notebooks.py {path.stem[:2]}`"
     )

@@ -20,6 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from coupling import block as nb
 from coupling.dist import tuple_law
@@ -28,6 +30,7 @@ from coupling.rules import kseq as ref_kseq
 from coupling.rules import optimal as ref_optimal
 from coupling.rules import rrs as ref_rrs
 from coupling.torch_backend import (
+    block,
     gumbel,
     gumbel_draft,
     gumbel_noise,
@@ -40,6 +43,7 @@ from coupling.torch_backend import (
 from coupling.torch_backend._common import coin_uniforms, sample_rows, sample_uniforms
 from coupling.torch_backend.multi import walk_tree
 
+from .strategies import distributions
 from .test_torch_backend import ALPHA, BatchedTabular, chi2_pvalue, string_counts
 
 MULTI = {"rrs": rrs, "kseq": kseq, "optimal": optimal}
@@ -561,3 +565,74 @@ def test_multi_cuda_matches_cpu(rule):
     a = fn(X, P, Q, seeds=torch.arange(B), positions=9)
     b = fn(X.cuda(), P.cuda(), Q.cuda(), seeds=torch.arange(B).cuda(), positions=9)
     assert torch.equal(a.tokens, b.tokens.cpu())
+
+
+def test_gumbel_precomputed_noise_gives_the_same_verdict():
+    rng = np.random.default_rng(18)
+    B, k, g, V = 16, 2, 3, 30
+    P = torch.tensor(rng.dirichlet(np.full(V, 0.3), size=(B, k, g + 1)))
+    Q = torch.tensor(rng.dirichlet(np.full(V, 0.3), size=(B, k, g)))
+    seeds, pos = torch.arange(B), torch.tensor(rng.integers(0, 100, B))
+    t = pos.view(B, 1, 1) + torch.arange(g).view(1, 1, g)
+    X = gumbel_draft(Q, seeds.view(B, 1, 1), t)
+    noise = gumbel_noise(seeds[:, None], pos[:, None] + torch.arange(g + 1), V, dtype=torch.float64)
+    a = gumbel(X, P, Q, seeds=seeds, positions=pos)
+    b = gumbel(X, P, Q, seeds=seeds, positions=pos, noise=noise)
+    assert torch.equal(a.tokens, b.tokens)
+    assert a.accepted.sum() > 0  # shared-noise drafts are accepted sometimes
+    with pytest.raises(ValueError, match="noise must be"):
+        gumbel(X, P, Q, seeds=seeds, positions=pos, noise=noise[:, :-1])
+
+
+# ----------------------------------------------------------------- property: coin for coin
+@st.composite
+def _instances(draw):
+    """A small block (V <= 6, gamma <= 3, k <= 3) with exact zeros, ties and one-hots mixed in."""
+    V = draw(st.integers(2, 6))
+    g = draw(st.integers(1, 3))
+    k = draw(st.integers(1, 3))
+    P = np.stack([draw(distributions(V)) for _ in range(g + 1)])
+    Q = np.stack([draw(distributions(V)) for _ in range(g)])
+    x = np.stack(
+        [[draw(st.sampled_from(np.flatnonzero(Q[i]).tolist())) for i in range(g)] for _ in range(k)]
+    )
+    coins = np.array(
+        draw(st.lists(st.floats(0, 1, exclude_max=True), min_size=g * k, max_size=g * k))
+    ).reshape(g, k)
+    su = np.array(draw(st.lists(st.floats(0, 1, exclude_max=True), min_size=g + 1, max_size=g + 1)))
+    return P, Q, x, coins, su
+
+
+# coupling.block divides p/q in numpy (q may be 1e-300 here: inf, then min(1, inf) = 1)
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@given(_instances())
+def test_property_coin_for_coin_with_numpy(inst):
+    """Hypothesis instances with zeros/ties: token and block (branch 0) decide exactly like
+    coupling.block; at offset 0 the multi-draft rules emit exactly coupling.rules' output."""
+    P, Q, x, coins, su = inst
+    g, k = Q.shape[0], x.shape[0]
+    Pt = torch.tensor(P)[None, None].expand(1, k, g + 1, -1)
+    Qt = torch.tensor(Q)[None, None].expand(1, k, g, -1)
+    X = torch.tensor(x)[None]
+    su_c = torch.tensor(su)[None]
+    for rule in ("token", "block"):
+        fn = token if rule == "token" else block
+        v = fn(
+            X[:, :1],
+            Pt[:, :1],
+            Qt[:, :1],
+            seeds=0,
+            positions=0,
+            accept_u=torch.tensor(coins[:, 0])[None],
+            sample_u=su_c,
+        )
+        n = int(v.accepted[0])
+        ref = nb.verify_block(rule, x[0], P, Q, uniforms=np.r_[coins[:, 0], su[n]])
+        assert v.tokens[0, : n + 1].tolist() == ref.tolist()
+    p0 = P[0] / P[0].sum()
+    q0 = Q[0] / Q[0].sum()
+    au = torch.tensor(coins)[None]
+    y_rrs = rrs(X, Pt, Qt, seeds=0, positions=0, accept_u=au, sample_u=su_c).tokens[0, 0]
+    assert int(y_rrs) == ref_rrs.verify(p0, q0, x[:, 0], coins[0], su[0])
+    y_kseq = kseq(X, Pt, Qt, seeds=0, positions=0, accept_u=au, sample_u=su_c).tokens[0, 0]
+    assert int(y_kseq) == ref_kseq.verify(p0, q0, x[:, 0], coins[0], su[0])

@@ -222,8 +222,17 @@ class NoDrafter:
 
 
 def _sample_rows(q: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """One token per row of q [rows, V] (float32), using ``gen``."""
-    return torch.multinomial(q, 1, generator=gen).squeeze(-1)
+    """One token per row of q [rows, V] (float32) by inverse CDF with uniforms from ``gen``.
+
+    (``torch.multinomial`` costs ~3 ms per call at V = 49152 on CPU, a cumulative sum ~0.1 ms.)
+    The cumulative sum is float64 and a token of probability 0 is never returned: the search
+    finds the first index whose cumulative mass exceeds u * total.
+    """
+    cdf = q.double().cumsum(-1)                                   # [rows, V]
+    total = cdf[:, -1:]
+    u = torch.rand(q.shape[0], 1, generator=gen, device=q.device, dtype=torch.float64)
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=q.shape[-1] - 1)
 
 
 def draft_block(lm: CachedLM, seq: list[int], gamma: int, k: int, cfg: SamplingConfig,
@@ -368,6 +377,7 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
     seq = list(prompt)
     steps: list[StepRecord] = []
     distinct = rule == "rrs" and not replacement
+    excluded = 0.0
     while len(seq) - len(prompt) < max_new_tokens:
         position = len(seq)
         if drafter is not None and gamma > 0:
@@ -396,12 +406,15 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
             if predict:
                 from . import predict as P
 
+                t_pred = time.perf_counter()
+
                 rec.beta = P.step_beta(rule, drafts, q, p, c, k, replacement)
                 rec.predicted = P.predicted_block_efficiency(rule, rec.beta)
                 if rule == "token":
                     rec.conditional = P.conditional_token(drafts, q, p, c)
                 elif rule == "block":
                     rec.conditional = rec.predicted
+                excluded += time.perf_counter() - t_pred  # analysis, not generation
             if on_step is not None:
                 on_step(rec, drafts, q, p)
             steps.append(rec)
@@ -413,7 +426,7 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
     d_calls = d_sec = 0
     if isinstance(drafter, ModelDrafter):
         d_calls, d_sec = drafter.lm.calls - d_calls0, drafter.lm.seconds - d_sec0
-    return GenerationResult(out, steps, tlm.calls, d_calls, time.perf_counter() - t0,
+    return GenerationResult(out, steps, tlm.calls, d_calls, time.perf_counter() - t0 - excluded,
                             tlm.seconds, d_sec)
 
 

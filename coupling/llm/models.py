@@ -181,7 +181,8 @@ def build_draft(target, spec: DraftSpec):
         )
     s = spec.shared_layers
     if not 0 <= s <= target.config.num_hidden_layers:
-        raise ValueError(f"spec.shared_layers={s} must lie in [0, {target.config.num_hidden_layers}]")
+        raise ValueError(
+            f"spec.shared_layers={s} must lie in [0, {target.config.num_hidden_layers}]")
     cfg = target.config.__class__.from_dict(target.config.to_dict())
     cfg.num_hidden_layers = s + spec.n_layers
     if hasattr(cfg, "layer_types") and cfg.layer_types is not None:
@@ -203,6 +204,36 @@ def build_draft(target, spec: DraftSpec):
     return draft.eval()
 
 
+class SubsetHead(torch.nn.Module):
+    """LM head restricted to a token subset: logits of the other tokens are ``-inf``.
+
+    The draft's cost is dominated by its 49152 x 576 head; restricted to the ``n`` tokens that
+    carry most of the target's mass on the training corpus, a draft step is several times
+    cheaper. The draft law q is then supported on the subset: speculative rules stay lossless
+    (any q is allowed), and only acceptance pays for the target mass outside the subset. Full
+    ``[.., V]`` logits are returned so Hugging Face assisted generation uses it unchanged.
+    """
+
+    def __init__(self, full_weight: torch.Tensor, tokens: torch.Tensor) -> None:
+        super().__init__()
+        self.vocab_size = full_weight.shape[0]
+        self.register_buffer("tokens", tokens.to(torch.long), persistent=False)
+        # a gathered copy (rows of the shared head), so the matmul reads contiguous memory
+        self.register_buffer("weight", full_weight.detach()[self.tokens].clone(), persistent=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        sub = torch.nn.functional.linear(h, self.weight)
+        out = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
+        out[..., self.tokens] = sub
+        return out
+
+
+def restrict_head(draft, tokens: torch.Tensor):
+    """Replace the draft's LM head by a :class:`SubsetHead` over ``tokens`` (in place)."""
+    draft.lm_head = SubsetHead(draft.lm_head.weight, tokens.to(draft.lm_head.weight.device))
+    return draft
+
+
 def own_state_dict(draft, spec: DraftSpec | None = None) -> dict[str, torch.Tensor]:
     """The draft's own tensors (everything except what it shares with the target)."""
     prefixes = (spec or DraftSpec(shared_layers=0)).shared_keys()
@@ -211,19 +242,31 @@ def own_state_dict(draft, spec: DraftSpec | None = None) -> dict[str, torch.Tens
             if not any(k == p or (p.endswith(".") and k.startswith(p)) for p in prefixes)}
 
 
-def save_draft(draft, spec: DraftSpec, path: Path = DRAFT_WEIGHTS, meta: dict | None = None) -> Path:
+def save_draft(draft, spec: DraftSpec, path: Path = DRAFT_WEIGHTS, meta: dict | None = None,
+               head_tokens: torch.Tensor | None = None) -> Path:
     """Write the draft's own weights (bf16 safetensors) and its spec next to them."""
     from safetensors.torch import save_file
 
     sd = {k: v.to(torch.bfloat16) for k, v in own_state_dict(draft, spec).items()}
+    if head_tokens is not None:
+        sd["head_tokens"] = head_tokens.to(torch.int32).contiguous()
     path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(sd, str(path), metadata={"spec": spec.to_json(), **{k: str(v) for k, v in (meta or {}).items()}})
-    path.with_suffix(".json").write_text(json.dumps({"spec": json.loads(spec.to_json()), **(meta or {})}, indent=2))
+    meta = {k: v if isinstance(v, int | float | str) or v is None else str(v)
+            for k, v in (meta or {}).items()}
+    header = {"spec": spec.to_json(), **{k: str(v) for k, v in meta.items()}}
+    save_file(sd, str(path), metadata=header)
+    path.with_suffix(".json").write_text(
+        json.dumps({"spec": json.loads(spec.to_json()), **meta}, indent=2))
     return path
 
 
-def load_draft(target, path: Path = DRAFT_WEIGHTS):
-    """Rebuild the trained draft on top of ``target`` (shared embeddings / norm / head)."""
+def load_draft(target, path: Path = DRAFT_WEIGHTS, head_tokens: int | None = 0):
+    """Rebuild the trained draft on top of ``target`` (shared embeddings / norm / head).
+
+    ``head_tokens``: 0 keeps the full LM head; n > 0 restricts it to the first n tokens of the
+    file's ``head_tokens`` ranking (tokens by target mass on the training corpus), see
+    :class:`SubsetHead`.
+    """
     from safetensors import safe_open
 
     path = Path(os.environ.get("COUPLING_DRAFT", path))
@@ -243,6 +286,13 @@ def load_draft(target, path: Path = DRAFT_WEIGHTS):
             if name in own:
                 param.copy_(own[name].to(param.dtype))
     draft.coupling_spec = spec
+    if head_tokens:
+        if "head_tokens" not in own:
+            raise ValueError(f"{path} has no head_tokens ranking; use head_tokens=0")
+        ranking = own["head_tokens"]
+        if not 0 < head_tokens <= ranking.numel():
+            raise ValueError(f"head_tokens={head_tokens} must lie in [1, {ranking.numel()}]")
+        restrict_head(draft, ranking[:head_tokens])
     return draft.eval()
 
 

@@ -8,8 +8,14 @@ with ``drafts`` int64 ``[B, k, gamma]``, ``q`` ``[B, k, gamma, V]`` (draft laws 
 branch), ``p`` ``[B, k, gamma+1, V]`` (target laws along each branch, plus the bonus law),
 ``seeds``/``positions`` int64 ``[B]``. It returns a :class:`Verdict`
 ``(accepted [B], branch [B], next_token [B], tokens [B, gamma+1])``. All randomness is
-keyed by ``(seed, absolute position)`` (:mod:`coupling.torch_backend.rng`), so a request's
-decisions do not depend on the batch it is verified in, nor on the device.
+counter-based (:mod:`coupling.torch_backend.rng`): acceptance coins and residual draws are
+keyed by ``(seed, start position of the call, offset)``, Gumbel noise by ``(seed, absolute
+position of the token)``; so a request's decisions do not depend on the batch it is
+verified in, nor on the device.
+
+Modules: :mod:`.chain` (``token``, ``block``: one branch), :mod:`.multi` (``kseq``, ``rrs``,
+``optimal``, ``gumbel``: draft trees of ``k`` branches), :mod:`.rng` (keyed uniforms and
+Gumbel noise), :mod:`._common` (``Verdict``, validation, inverse-CDF sampling).
 """
 
 from ._common import Verdict, check_inputs, sample_rows

@@ -224,6 +224,12 @@ for k, (r, bp_, bq_, finals) in worst.items():
     print("        p =", np.round(bp_, 4), " q =", np.round(bq_, 4))
 
 # %% [markdown]
+# The hardest pairs found are essentially two-token pairs with $\alpha^\star_k \approx 1$: $k$
+# drafts almost surely contain both likely tokens, so an optimal verifier can nearly always
+# output a drafted token with the right law, while K-SEQ tests the drafts one at a time with a
+# single threshold $\rho$ and must fall back on its residual.
+
+# %% [markdown]
 # **Takeaway:** the optimum keeps growing with $k$ while K-SEQ and RRS flatten out, so the gap
 # widens with $k$; on random pairs K-SEQ stays within about 5-15% of the optimum (far above its
 # $1-1/e$ guarantee; the search above finds nothing below about 0.89 at $k = 2$) and beats
