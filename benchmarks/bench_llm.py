@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     if "block_minus_token_BE" in checks:
         print(f"  block - token block efficiency: {checks['block_minus_token_BE']:+.3f} "
               "(target >= 0)")
+    if dargs.plot:
+        demo.plot(res, dargs.plot)
+        print(f"wrote {dargs.plot}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"costs": costs, "demo": res, "checks": checks},

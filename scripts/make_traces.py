@@ -6,7 +6,7 @@ drafted position of every step, stores the target law p_i and the draft law q_i 
 the union of their top-``m`` tokens (renormalised; the dropped mass is stored too), plus the
 drafted token and whether it was accepted. Output: one ``.npz`` under ``coupling/data/``.
 
-Arrays (N = recorded positions, m2 = 2 m union slots, padded with index -1 / prob 0):
+Arrays (N = recorded positions, m2 = 2 m + 1 union slots (top-m of p, top-m of q, the drafted token), padded with index -1 / prob 0):
 ``idx [N, m2] int32``, ``p [N, m2] float32``, ``q [N, m2] float32``, ``p_mass``/``q_mass [N]``
 (mass kept before renormalising), ``step [N]``, ``offset [N]`` (position in the block),
 ``drafted [N]`` token, ``accepted [N]`` bool, ``alpha [N]`` = sum min(p, q) at full vocabulary.
@@ -56,8 +56,11 @@ def main(argv=None) -> int:
         c = rec.branch
         for i in range(rec.drafted):
             pi, qi = p[c, i].double(), q[c, i].double()
-            union = torch.unique(torch.cat([pi.topk(m).indices, qi.topk(m).indices]))
-            pad = 2 * m - union.numel()
+            # the drafted token always belongs to the stored support, so that every recorded
+            # block can be replayed (a rejected draft is often outside both top-m sets)
+            x = drafts[c, i : i + 1].to(pi.device)
+            union = torch.unique(torch.cat([pi.topk(m).indices, qi.topk(m).indices, x]))
+            pad = 2 * m + 1 - union.numel()
             pm, qm = pi[union].sum().item(), qi[union].sum().item()
             rows["idx"].append(np.pad(union.numpy().astype(np.int32), (0, pad), constant_values=-1))
             rows["p"].append(np.pad((pi[union] / max(pm, 1e-300)).float().numpy(), (0, pad)))

@@ -215,7 +215,7 @@ PROMPT = [1, 2, 3]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rule,k", [("token", 1), ("block", 1), ("kseq", 2), ("rrs", 2),
-                                    ("gumbel", 1), ("optimal", 2)])
+                                    ("rrs_wor", 2), ("gumbel", 1), ("optimal", 2)])
 def test_first_two_tokens_follow_the_target_law(pair, rule, k):
     reason = rules_adapter.available().get(rule)
     if reason:

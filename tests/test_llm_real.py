@@ -28,6 +28,15 @@ pytestmark = pytest.mark.slow
 PROMPT_TEXT = "Name a colour."
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    # single-token steps: one thread avoids OpenMP stalls when the 2 cores are shared
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def real():
     target = models.load_target("bfloat16")

@@ -71,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 96 (quick: 48)")
     ap.add_argument("--gamma", type=int, default=2, help="drafted tokens per step")
     ap.add_argument("--temperature", type=float, default=0.7)
-    ap.add_argument("--top-k", type=int, default=0)
+    # top-k 50 bounds the support, which lets the exact LP-plan `optimal` sampler run (k = 2)
+    ap.add_argument("--top-k", type=int, default=50)
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--methods", type=str, default=None,

@@ -376,7 +376,8 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
     gen = torch.Generator(device=tlm.device).manual_seed(seed)
     seq = list(prompt)
     steps: list[StepRecord] = []
-    distinct = rule == "rrs" and not replacement
+    # rrs without replacement: the k first tokens are distinct (successive sampling from q_1)
+    distinct = rule == "rrs_wor" or (rule == "rrs" and not replacement)
     excluded = 0.0
     while len(seq) - len(prompt) < max_new_tokens:
         position = len(seq)
