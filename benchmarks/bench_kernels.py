@@ -15,7 +15,7 @@ milliseconds per call (``validate=False``, the engine's hot path, and ``validate
 the ratio to the baseline, the mean accepted length of the timed instance (early exit
 makes a call cheaper when it stops early), and the cost as a fraction of one target
 forward step of the real LM (``--target-ms``, default 48 ms: the target model in bfloat16
-on this CPU costs about 45-52 ms per step; docs/results/ of the LLM engine has the
+on this CPU costs about 45-52 ms per step; docs/RESULTS.md (real LLM section) has the
 measured value). Rules that cannot run a
 configuration say why (token/block are single-branch; optimal has no exact sampler for
 k >= 2 at this vocabulary and raises ValueError).

@@ -6,7 +6,7 @@ Examples
 
     coupling analyze --target 0.5,0.3,0.2 --draft 0.2,0.2,0.6
     coupling analyze --target 1/3,2/3 --draft 2/3,1/3 --gamma 2      # Sun et al.'s example
-    coupling analyze --target 0.5,0.3,0.2 --draft 0.2,0.2,0.6 --drafts 3 --without-replacement --json
+    coupling analyze --target 0.5,0.3,0.2 --draft 0.2,0.2,0.6 --drafts 3 --without-replacement
     coupling demo --quick
 """
 
@@ -93,7 +93,12 @@ def analyze(
 
 
 def _block_analysis(p: np.ndarray, q: np.ndarray, *, gamma: int, seed: int) -> dict[str, Any]:
-    from .block import TabularLM, block_efficiency, full_information_accepted, optimal_block_efficiency
+    from .block import (
+        TabularLM,
+        block_efficiency,
+        full_information_accepted,
+        optimal_block_efficiency,
+    )
 
     def const(dist: np.ndarray):
         return lambda context: dist
@@ -131,7 +136,9 @@ def _print_analysis(res: dict[str, Any]) -> None:
     print()
     print("LP optimum of the membership-cost coupling (the oracle)")
     for solver, r in res["lp"].items():
-        print(f"  {solver:<6} {r['acceptance']:.12f}   {r['seconds'] * 1e3:8.1f} ms   {r['status']}")
+        print(
+            f"  {solver:<6} {r['acceptance']:.12f}   {r['seconds'] * 1e3:8.1f} ms   {r['status']}"
+        )
     print(f"  closed-form optimum (min-cut scan): {res['optimal_acceptance']:.12f}")
     print()
     print(f"{'rule':<16}{'acceptance':>16}{'/ optimum':>12}   bound")
@@ -144,8 +151,10 @@ def _print_analysis(res: dict[str, Any]) -> None:
         b = res["block"]
         print()
         print(f"Block efficiency (expected tokens per target call, gamma = {b['gamma']})")
-        for label, d in (("context-free (target, draft)", b["context_free"]),
-                         (f"toy TabularLM, V={b['toy_model']['vocab_size']}, seed={b['seed']}", b["toy_model"])):
+        for label, d in (
+            ("context-free (target, draft)", b["context_free"]),
+            (f"toy TabularLM, V={b['toy_model']['vocab_size']}, seed={b['seed']}", b["toy_model"]),
+        ):
             print(f"  {label}")
             for rule in ("token", "block", "optimal_lossless_verifier", "transport_bound"):
                 if rule in d:
@@ -183,15 +192,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     a = sub.add_parser("analyze", help="exact analysis of a target/draft pair")
-    a.add_argument("--target", required=True, help="target probabilities, e.g. 0.5,0.3,0.2 or 1/3,2/3")
+    a.add_argument(
+        "--target", required=True, help="target probabilities, e.g. 0.5,0.3,0.2 or 1/3,2/3"
+    )
     a.add_argument("--draft", required=True, help="draft probabilities over the same vocabulary")
-    a.add_argument("--drafts", type=int, default=1, metavar="K", help="number of drafts k (default 1)")
+    a.add_argument(
+        "--drafts", type=int, default=1, metavar="K", help="number of drafts k (default 1)"
+    )
     a.add_argument("--without-replacement", action="store_true", help="k distinct drafts")
-    a.add_argument("--gamma", type=int, default=None, help="also report block efficiency for blocks of G drafts")
+    a.add_argument(
+        "--gamma",
+        type=int,
+        default=None,
+        help="also report block efficiency for blocks of G drafts",
+    )
     a.add_argument("--seed", type=int, default=0, help="seed of the toy model used with --gamma")
     a.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    sub.add_parser("demo", help="speculative decoding on a real small LLM (see `coupling demo --help`)",
-                   add_help=False)
+    sub.add_parser(
+        "demo",
+        help="speculative decoding on a real small LLM (see `coupling demo --help`)",
+        add_help=False,
+    )
     return parser
 
 

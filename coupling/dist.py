@@ -87,7 +87,9 @@ def as_distribution(x: ArrayLike, *, atol: float = 1e-9, name: str = "p") -> np.
     bad = ~np.isfinite(arr)
     if bad.any():
         idx = np.flatnonzero(bad)[:5].tolist()
-        raise ValueError(f"{name} contains NaN or inf at indices {idx}; probabilities must be finite")
+        raise ValueError(
+            f"{name} contains NaN or inf at indices {idx}; probabilities must be finite"
+        )
     if (arr < 0).any():
         idx = np.flatnonzero(arr < 0)[:5].tolist()
         raise ValueError(
@@ -124,7 +126,10 @@ def check_pair(
 
 
 def tv(p: ArrayLike, q: ArrayLike) -> float:
-    """Total-variation distance :math:`\\tfrac12 \\sum_x |p(x) - q(x)| = 1 - \\sum_x \\min(p, q)`."""
+    """Total-variation distance.
+
+    :math:`\\tfrac12 \\sum_x |p(x) - q(x)| = 1 - \\sum_x \\min(p(x), q(x))`.
+    """
     pa, qa = check_pair(p, q)
     return 0.5 * float(np.abs(pa - qa).sum())
 
@@ -146,7 +151,9 @@ def validate_drafts(drafts: ArrayLike, q: np.ndarray, *, name: str = "drafts") -
     if arr.ndim == 0:
         arr = arr.reshape(1)
     if arr.ndim != 1 or arr.size == 0:
-        raise ValueError(f"{name} must be a non-empty 1-D array of token ids, got shape {arr.shape}")
+        raise ValueError(
+            f"{name} must be a non-empty 1-D array of token ids, got shape {arr.shape}"
+        )
     if arr.dtype.kind not in "iu":
         if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
             arr = arr.astype(np.int64)
@@ -190,12 +197,14 @@ def tuple_law(
     if not replacement and np.count_nonzero(qa) < k:
         raise ValueError(
             f"cannot draw k={k} distinct tokens without replacement: q has only "
-            f"{np.count_nonzero(qa)} token(s) of positive probability; lower k or use replacement=True"
+            f"{np.count_nonzero(qa)} token(s) of positive probability; "
+            "lower k or use replacement=True"
         )
     T = _num_tuples(V, k, replacement)
     if T > MAX_TUPLES:
         raise ValueError(
-            f"exact enumeration needs {T} draft tuples (V={V}, k={k}), above the limit {MAX_TUPLES}; "
+            f"exact enumeration needs {T} draft tuples (V={V}, k={k}), "
+            f"above the limit {MAX_TUPLES}; "
             "use coupling.optimal_acceptance for large vocabularies"
         )
     it: Sequence = (
@@ -216,7 +225,7 @@ def tuple_law(
         # (q = (1 - 1e-38, 1e-38)): sum the tokens still available instead, where it matters
         risky = np.nonzero(remaining < 1e-3)
         if risky[0].size:
-            for t, i in zip(*risky):
+            for t, i in zip(*risky, strict=True):
                 avail = np.ones(V, dtype=bool)
                 avail[tuples[t, :i]] = False
                 remaining[t, i] = math.fsum(qa[avail].tolist())

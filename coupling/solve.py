@@ -52,6 +52,10 @@ __all__ = ["Coupling", "solve_coupling", "solve_transport", "SOLVERS", "SolverEr
 
 SOLVERS = ("pot", "highs", "cvxpy")
 
+# HiGHS's default feasibility tolerances (1e-7) left the flow LP's optimum 8e-8 short of the
+# simplex answer; the oracle promises agreement to 1e-8, so run its dual simplex tighter.
+_HIGHS_OPTIONS = {"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10}
+
 
 class SolverError(RuntimeError):
     """An LP solver did not certify an optimal solution."""
@@ -123,7 +127,11 @@ def _emd(a: np.ndarray, b: np.ndarray, cost: np.ndarray) -> tuple[np.ndarray, st
         warnings.simplefilter("always")
         plan, log = ot.emd(a, b, np.ascontiguousarray(cost), numItermax=max_iter, log=True)
     code = int(log.get("result_code", -1))
-    msgs = [str(w.message) for w in caught if "numItermax" in str(w.message) or "emd" in str(w.message).lower()]
+    msgs = [
+        str(w.message)
+        for w in caught
+        if "numItermax" in str(w.message) or "emd" in str(w.message).lower()
+    ]
     if code != 1 or msgs:
         raise SolverError(
             f"POT ot.emd did not reach an optimal solution (result_code={code}, "
@@ -139,7 +147,14 @@ def _transport_highs(a: np.ndarray, b: np.ndarray, cost: np.ndarray) -> tuple[np
     # one equality row is implied by the others (total mass): drop it
     A = sp.vstack([rows, cols[:-1]], format="csr")
     rhs = np.concatenate([a, b[:-1]])
-    res = linprog(cost.ravel(), A_eq=A, b_eq=rhs, bounds=(0, None), method="highs")
+    res = linprog(
+        cost.ravel(),
+        A_eq=A,
+        b_eq=rhs,
+        bounds=(0, None),
+        method="highs-ds",
+        options=_HIGHS_OPTIONS,
+    )
     if res.status != 0:
         raise SolverError(f"HiGHS transport LP failed: status={res.status} ({res.message})")
     return np.clip(res.x.reshape(n, m), 0.0, None), f"optimal (HiGHS status={res.status})"
@@ -170,9 +185,20 @@ def _cvxpy_solve(prob) -> str:
     attempts = []
     if "CLARABEL" in installed:
         # tight tolerances: the oracle's answers must agree with the simplex to 1e-8
-        attempts.append(("CLARABEL", dict(tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10, max_iter=500)))
+        attempts.append(
+            ("CLARABEL", dict(tol_gap_abs=1e-10, tol_gap_rel=1e-10, tol_feas=1e-10, max_iter=500))
+        )
     if "HIGHS" in installed:
-        attempts.append(("HIGHS", dict(primal_feasibility_tolerance=1e-10, dual_feasibility_tolerance=1e-10, output_flag=False)))
+        attempts.append(
+            (
+                "HIGHS",
+                dict(
+                    primal_feasibility_tolerance=1e-10,
+                    dual_feasibility_tolerance=1e-10,
+                    output_flag=False,
+                ),
+            )
+        )
     if not attempts:
         attempts.append((None, {}))
     tried = []
@@ -194,7 +220,9 @@ def _cvxpy_solve(prob) -> str:
 def solve_transport(
     a: ArrayLike, b: ArrayLike, cost: ArrayLike, *, solver: str = "pot"
 ) -> tuple[np.ndarray, float, str]:
-    r"""Solve :math:`\min_{P \ge 0} \langle C, P\rangle` s.t. :math:`P\mathbf 1 = a`, :math:`P^\top \mathbf 1 = b`.
+    r"""Solve the transport LP :math:`\min_{P \ge 0} \langle C, P\rangle`.
+
+    Subject to :math:`P\mathbf 1 = a` and :math:`P^\top \mathbf 1 = b`.
 
     Parameters
     ----------
@@ -214,7 +242,9 @@ def solve_transport(
     b = as_distribution(b, name="b")
     C = np.asarray(cost, dtype=np.float64)
     if C.shape != (a.size, b.size):
-        raise ValueError(f"cost must have shape (len(a), len(b)) = {(a.size, b.size)}, got {C.shape}")
+        raise ValueError(
+            f"cost must have shape (len(a), len(b)) = {(a.size, b.size)}, got {C.shape}"
+        )
     if not np.isfinite(C).all():
         raise ValueError("cost contains NaN or inf; use a large finite cost for forbidden pairs")
     a, b = _rebalance(a, b)
@@ -260,7 +290,8 @@ def _flow_lp(mass: np.ndarray, p: np.ndarray, members: np.ndarray, solver: str):
             A_ub=sp.vstack([A_row, A_col], format="csr"),
             b_ub=np.concatenate([mass, p]),
             bounds=(0, None),
-            method="highs",
+            method="highs-ds",
+            options=_HIGHS_OPTIONS,
         )
         if res.status != 0:
             raise SolverError(f"HiGHS flow LP failed: status={res.status} ({res.message})")
@@ -280,7 +311,9 @@ def _flow_lp(mass: np.ndarray, p: np.ndarray, members: np.ndarray, solver: str):
         over = load > cap
         if over.any():
             scale = np.ones_like(load)
-            scale[over] = np.divide(cap[over], load[over], out=np.zeros(over.sum()), where=load[over] > 0)
+            scale[over] = np.divide(
+                cap[over], load[over], out=np.zeros(over.sum()), where=load[over] > 0
+            )
             f = _scale_edges(f, A, scale)
     plan = np.zeros((S, V))
     plan[s_idx, y_idx] = f

@@ -1,6 +1,5 @@
 import os
 
-import numpy as np
 from hypothesis import HealthCheck, settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

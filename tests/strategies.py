@@ -21,4 +21,6 @@ def distributions(draw, size, min_zero_frac=0.0, allow_zeros=True):
 @st.composite
 def pairs(draw, min_size=1, max_size=6, allow_zeros=True):
     V = draw(st.integers(min_size, max_size))
-    return draw(distributions(V, allow_zeros=allow_zeros)), draw(distributions(V, allow_zeros=allow_zeros))
+    return draw(distributions(V, allow_zeros=allow_zeros)), draw(
+        distributions(V, allow_zeros=allow_zeros)
+    )

@@ -30,7 +30,16 @@ def test_analyze_json_agrees_with_lp_and_rules(capsys):
 
 
 def test_analyze_multi_draft_rows(capsys):
-    args = ["analyze", "--target", "0.5,0.3,0.2", "--draft", "0.2,0.2,0.6", "--drafts", "2", "--json"]
+    args = [
+        "analyze",
+        "--target",
+        "0.5,0.3,0.2",
+        "--draft",
+        "0.2,0.2,0.6",
+        "--drafts",
+        "2",
+        "--json",
+    ]
     assert main(args) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["lp"]["pot"]["acceptance"] == pytest.approx(0.84, abs=1e-9)

@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 
 from coupling import as_distribution, check_pair, tuple_law, tv
 from coupling.dist import validate_drafts
-
 from tests.strategies import distributions, pairs
 
 
@@ -93,7 +92,7 @@ def test_tuple_law_is_a_distribution(V, k, replacement, data):
 def test_tuple_law_without_replacement_exact():
     q = np.array([0.5, 0.3, 0.2])
     tuples, probs = tuple_law(q, 2, replacement=False)
-    law = {tuple(t): pr for t, pr in zip(tuples.tolist(), probs)}
+    law = {tuple(t): pr for t, pr in zip(tuples.tolist(), probs, strict=True)}
     assert law[(0, 1)] == pytest.approx(0.5 * 0.3 / 0.5)
     assert law[(2, 1)] == pytest.approx(0.2 * 0.3 / 0.8)
 

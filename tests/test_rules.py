@@ -368,3 +368,10 @@ def test_kseq_rho_large_vocabulary_path():
         c = (1 - (1 - beta) ** k) / beta
         out = c * np.minimum(q, p / rho) + (1 - beta) ** k * res
         assert 0.5 * np.abs(out - p).sum() < 1e-12
+
+
+@pytest.mark.parametrize("name", ["rrs", "optimal"])
+def test_repeated_drafts_without_replacement_is_an_error(name):
+    p, q = np.array([0.5, 0.3, 0.2]), np.array([0.2, 0.2, 0.6])
+    with pytest.raises(ValueError, match="repeat a token"):
+        RULES[name].sample(p, q, np.array([2, 2]), np.random.default_rng(0), replacement=False)

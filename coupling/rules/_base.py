@@ -17,7 +17,15 @@ from numpy.typing import ArrayLike
 
 from ..dist import check_pair, validate_drafts, validate_k
 
-__all__ = ["Rule", "categorical", "require_supported", "prepare", "residual", "sample_uniform"]
+__all__ = [
+    "Rule",
+    "categorical",
+    "require_supported",
+    "require_distinct",
+    "prepare",
+    "residual",
+    "sample_uniform",
+]
 
 
 def categorical(weights: np.ndarray, u: float) -> int:
@@ -69,6 +77,15 @@ def require_supported(rule: Rule, k: int, replacement: bool) -> int:
             f"{rule.support_text}"
         )
     return k
+
+
+def require_distinct(drafts: np.ndarray, replacement: bool) -> None:
+    """Drafts without replacement are distinct by construction: a repeat is a caller error."""
+    if not replacement and np.unique(drafts).size != drafts.size:
+        raise ValueError(
+            f"drafts {drafts.tolist()} repeat a token but replacement=False promises distinct "
+            "drafts; pass replacement=True for i.i.d. drafts"
+        )
 
 
 def prepare(

@@ -35,7 +35,14 @@ from numpy.typing import ArrayLike
 
 from ..optimal import optimal_acceptance
 from . import token as _token
-from ._base import Rule, categorical, prepare, require_supported, sample_uniform
+from ._base import (
+    Rule,
+    categorical,
+    prepare,
+    require_distinct,
+    require_supported,
+    sample_uniform,
+)
 
 __all__ = ["acceptance", "joint", "sample", "verify", "bound", "plan", "RULE", "MAX_PLAN_ENTRIES"]
 
@@ -121,11 +128,7 @@ def sample(
 ) -> int:
     pa, qa, d = prepare(p, q, drafts)
     k = require_supported(RULE, d.size, replacement)
-    if not replacement and np.unique(d).size != d.size:
-        raise ValueError(
-            f"drafts {d.tolist()} repeat a token but replacement=False promises distinct drafts; "
-            "pass replacement=True for i.i.d. drafts"
-        )
+    require_distinct(d, replacement)
     if k == 1:
         return _token.verify(pa, qa, int(d[0]), sample_uniform(rng), sample_uniform(rng))
     return verify(pa, qa, d, sample_uniform(rng), replacement=replacement)

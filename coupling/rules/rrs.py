@@ -53,7 +53,14 @@ from numpy.typing import ArrayLike
 
 from ..dist import tuple_law
 from ..optimal import _rest
-from ._base import Rule, categorical, prepare, require_supported, sample_uniform
+from ._base import (
+    Rule,
+    categorical,
+    prepare,
+    require_distinct,
+    require_supported,
+    sample_uniform,
+)
 
 __all__ = ["acceptance", "joint", "sample", "verify", "bound", "RULE", "MAX_PATH_WORK"]
 
@@ -218,11 +225,7 @@ def sample(
 ) -> int:
     pa, qa, d = prepare(p, q, drafts)
     require_supported(RULE, d.size, replacement)
-    if not replacement and np.unique(d).size != d.size:
-        raise ValueError(
-            f"drafts {d.tolist()} repeat a token but replacement=False promises distinct drafts; "
-            "pass replacement=True for i.i.d. drafts"
-        )
+    require_distinct(d, replacement)
     u = np.array([sample_uniform(rng) for _ in range(d.size)])
     return verify(pa, qa, d, u, sample_uniform(rng), replacement=replacement)
 
