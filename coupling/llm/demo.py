@@ -282,8 +282,8 @@ def plot(res: dict, path: Path) -> None:
     a2.set_xlabel("predicted block efficiency")
     a2.set_ylabel("measured block efficiency")
     s = res["settings"]
-    fig.suptitle(f"SmolLM2-135M, gamma={s['gamma']}, T={s['temperature']}, top-p={s['top_p']}, "
-                 f"{s['prompts']} prompts x {s['max_new_tokens']} tokens")
+    fig.suptitle(f"SmolLM2-135M, gamma={s['gamma']}, T={s['temperature']}, top-k={s['top_k']}, "
+                 f"top-p={s['top_p']}, {s['prompts']} prompts x {s['max_new_tokens']} tokens")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
