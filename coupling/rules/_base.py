@@ -22,6 +22,7 @@ __all__ = [
     "categorical",
     "require_supported",
     "require_distinct",
+    "require_generator",
     "prepare",
     "residual",
     "sample_uniform",
@@ -46,14 +47,19 @@ def categorical(weights: np.ndarray, u: float) -> int:
     return i
 
 
-def sample_uniform(rng: np.random.Generator) -> float:
-    """One uniform on [0, 1) from an explicit generator (type-checked)."""
+def require_generator(rng: np.random.Generator) -> np.random.Generator:
+    """Every sampler takes an explicit generator: reject the legacy global state and seeds."""
     if not isinstance(rng, np.random.Generator):
         raise ValueError(
             "rng must be a numpy.random.Generator (np.random.default_rng(seed)), "
             f"got {type(rng).__name__}"
         )
-    return float(rng.random())
+    return rng
+
+
+def sample_uniform(rng: np.random.Generator) -> float:
+    """One uniform on [0, 1) from an explicit generator (type-checked)."""
+    return float(require_generator(rng).random())
 
 
 def residual(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, float]:

@@ -68,7 +68,14 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ._base import Rule, categorical, prepare, require_supported
+from ._base import (
+    Rule,
+    categorical,
+    prepare,
+    require_generator,
+    require_supported,
+    sample_uniform,
+)
 
 __all__ = [
     "acceptance",
@@ -173,8 +180,7 @@ def gumbel_pair_from_noise(p: np.ndarray, q: np.ndarray, G: np.ndarray) -> tuple
 def gumbel_pair(p: ArrayLike, q: ArrayLike, rng: np.random.Generator) -> tuple[int, int]:
     """(draft, output) from one shared draw of ``V`` standard Gumbels; no communication."""
     pa, qa, _ = prepare(p, q)
-    if not isinstance(rng, np.random.Generator):
-        raise ValueError("rng must be a numpy.random.Generator (np.random.default_rng(seed))")
+    require_generator(rng)
     return gumbel_pair_from_noise(pa, qa, rng.gumbel(size=pa.size))
 
 
@@ -204,8 +210,7 @@ def verify(p: np.ndarray, q: np.ndarray, x: int, u: np.ndarray) -> int:
 
 
 def _open_uniforms(rng: np.random.Generator, n: int) -> np.ndarray:
-    if not isinstance(rng, np.random.Generator):
-        raise ValueError("rng must be a numpy.random.Generator (np.random.default_rng(seed))")
+    require_generator(rng)
     u = rng.random(n)
     # (0, 1): a zero would make -log(-log u) = -inf; it has probability 2**-53 per draw
     return np.where(u > 0, u, np.nextafter(0.0, 1.0))
@@ -273,8 +278,7 @@ def minhash_pair(
 ) -> tuple[int, int]:
     """(draft, output) by literally throwing shared darts, ``block`` at a time (exact)."""
     pa, qa, _ = prepare(p, q)
-    if not isinstance(rng, np.random.Generator):
-        raise ValueError("rng must be a numpy.random.Generator (np.random.default_rng(seed))")
+    require_generator(rng)
     V = pa.size
     n = block or max(64, 2 * V)
     x = y = -1
@@ -310,9 +314,7 @@ def minhash_sample(
     """Output given the draft, from the exact conditional law of the dart coupling."""
     pa, qa, d = prepare(p, q, drafts)
     require_supported(MINHASH_RULE, d.size, replacement)
-    if not isinstance(rng, np.random.Generator):
-        raise ValueError("rng must be a numpy.random.Generator (np.random.default_rng(seed))")
-    return minhash_verify(pa, qa, int(d[0]), float(rng.random()))
+    return minhash_verify(pa, qa, int(d[0]), sample_uniform(rng))
 
 
 def minhash_bound(
