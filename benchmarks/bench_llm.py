@@ -1,10 +1,11 @@
 #!/usr/bin/env python
 """Real-LLM benchmark: speculative rules vs autoregressive and HF assisted, one process.
 
-Part 1 (costs): median wall time of one target forward on n new tokens (n = 1, 2, 4, 8, 16,
-and k x (gamma+1) batched) at context 100, and of one draft forward (batch 1, 2, 4), in the
-model dtype (bf16 by default): the cost ratio c = draft step / target step that sets the
-speedup ceiling.
+Part 1 (costs): median wall time of one target forward on n new tokens (n = 1, 2, 3, 4, 5, 8,
+16, and k x (gamma+1) batched) at context 100, and of one draft forward (batch 1, 2, 4; the
+feature-level draft at batch 1, 2), in the model dtype (bf16 by default): the cost ratio
+c = draft step / target step, and the speedup ceiling BE x t(1 token) / t(gamma + 1 tokens)
+that even a free draft and a free engine could not beat.
 
 Part 2 (end to end): ``coupling.llm.demo.run`` with the given settings (every rule, plus the
 autoregressive and HF-assisted baselines, interleaved prompt by prompt), then the targets:
@@ -61,7 +62,7 @@ def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9,
         return 1e3 * sorted(ts)[len(ts) // 2]
 
     out = {"target_ms": {}, "draft_ms": {}}
-    for n in (1, 2, 4, 8, 16):
+    for n in (1, 2, 3, 4, 5, 8, 16):
         out["target_ms"][f"B1_n{n}"] = med(target, 1, n)
     out["target_ms"]["B4_n5 (k=4, gamma=4 verify)"] = med(target, 4, 5)
     for B in (1, 2, 4):
@@ -69,6 +70,29 @@ def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9,
     if small is not None:
         for B in (1, 4):
             out["draft_ms"][f"B{B}_n1 head {head_tokens}"] = med(small, B, 1)
+    from coupling.llm import feature_draft as FD
+
+    if FD.FEATURE_DRAFT_WEIGHTS.is_file():
+        fd = FD.load_feature_draft(target, head_tokens=head_tokens)
+        d = target.config.hidden_size
+
+        def med_feature(B):
+            ids = torch.randint(0, 49152, (B, ctx), generator=g)
+            f = torch.randn(B, ctx, d, generator=g).to(target.dtype)
+            x, fx = ids[:, :1], f[:, :1]
+            with torch.no_grad():
+                c = DynamicCache()
+                fd.features(ids, f, c)
+                ts = []
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    fd.logits(fd.features(x, fx, c))
+                    ts.append(time.perf_counter() - t0)
+                    c.crop(-1)
+            return 1e3 * sorted(ts)[len(ts) // 2]
+
+        for B in (1, 2):
+            out["draft_ms"][f"feature B{B}_n1 head {head_tokens or 'full'}"] = med_feature(B)
     out["draft_over_target"] = out["draft_ms"]["B1_n1"] / out["target_ms"]["B1_n1"]
     return out
 
@@ -125,6 +149,22 @@ def main(argv: list[str] | None = None) -> int:
         if "token" in rules:
             checks["block_minus_token_BE"] = (b["block_efficiency"]
                                               - rules["token"]["block_efficiency"])
+    # block against token on identical drafts (exact conditional means, paired per block)
+    checks["block_minus_token_same_drafts"] = {
+        n: r["block_on_same_drafts"] - r["conditional_block_efficiency"]
+        for n, r in rules.items() if r["rule"] == "token" and r.get("block_on_same_drafts")}
+    if costs is not None:
+        # what the measured acceptance allows at best: a free draft and a free engine, so one
+        # iteration costs exactly one target call on gamma + 1 tokens
+        t1 = costs["target_ms"]["B1_n1"]
+        tv = costs["target_ms"].get(f"B1_n{dargs.gamma + 1}")
+        if tv:
+            checks["speedup_ceiling"] = {
+                n: r["block_efficiency"] * t1 / tv for n, r in rules.items() if r["k"] == 1}
+            print(f"speedup ceiling (measured block efficiency x target step 1 token / "
+                  f"{dargs.gamma + 1} tokens = {t1:.1f} / {tv:.1f} ms; free draft, no overhead):")
+            for n, v in checks["speedup_ceiling"].items():
+                print(f"  {n:<16}{v:.2f}x")
     print("targets:")
     print(f"  best rule {best}: {checks['best_vs_autoregressive']:.2f}x autoregressive "
           f"(target >= 1.3x, aim 1.5x)"
@@ -136,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     if "block_minus_token_BE" in checks:
         print(f"  block - token block efficiency: {checks['block_minus_token_BE']:+.3f} "
               "(target >= 0)")
+    for n, v in checks["block_minus_token_same_drafts"].items():
+        print(f"  block - token on the same drafts ({n} run, exact conditional): {v:+.4f} "
+              "(>= 0 by the w identity)")
     if dargs.plot:
         demo.plot(res, dargs.plot)
         print(f"wrote {dargs.plot}")

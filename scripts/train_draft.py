@@ -74,8 +74,13 @@ def corpus_prompts(n: int, seed: int) -> list[str]:
 
 
 @torch.no_grad()
-def generate_corpus(target, tok, prompts, new_tokens, batch, top_k, seed):
-    """Sample continuations; return per-sequence (ids, n_prompt, topk_idx, topk_logp)."""
+def generate_corpus(target, tok, prompts, new_tokens, batch, top_k, seed, *,
+                    temperature=1.0, sample_top_k=0, sample_top_p=1.0):
+    """Sample continuations; return per-sequence (ids, n_prompt, topk_idx, topk_logp).
+
+    Continuations are sampled with (temperature, sample_top_k, sample_top_p); the stored
+    log-probabilities are always the target's raw (temperature 1, untruncated) law.
+    """
     from tqdm import tqdm
 
     tok.padding_side = "left"
@@ -85,7 +90,8 @@ def generate_corpus(target, tok, prompts, new_tokens, batch, top_k, seed):
         texts = [tok.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
                                          add_generation_prompt=True) for p in prompts[b:b + batch]]
         enc = tok(texts, return_tensors="pt", padding=True)
-        g = target.generate(**enc, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
+        g = target.generate(**enc, do_sample=True, temperature=temperature,
+                            top_k=sample_top_k, top_p=sample_top_p,
                             max_new_tokens=new_tokens, return_dict_in_generate=True,
                             output_logits=True, pad_token_id=tok.pad_token_id)
         logits = torch.stack(g.logits, 1).float()                # [B, T, V] raw target logits

@@ -15,9 +15,12 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from coupling.llm import engine as E
+from coupling.llm import feature_draft as FD
 from coupling.llm import predict as P
 from coupling.llm import rules_adapter
 from coupling.llm.sampling import SamplingConfig, probs
@@ -124,6 +127,21 @@ def test_step_beta_block_weights_and_token_alpha():
     a = P.step_beta("token", drafts, q, p, 0, 1)
     assert a == pytest.approx([0.5, 0.4])
     assert P.conditional_token(drafts, q, p, 0) == pytest.approx(1 + 0.5 + 0.5)
+    assert P.conditional_block(drafts, q, p, 0) == pytest.approx(1 + 0.5 + 1.0)
+
+
+@given(st.integers(0, 2**31 - 1), st.integers(1, 6), st.integers(2, 6))
+@settings(max_examples=200, deadline=None)
+def test_block_on_the_same_drafts_never_below_token(seed, g, V):
+    """The paired comparison the demo reports: w_j >= prod_{i<=j} min(1, r_i) pathwise."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.rand(1, g, V, generator=gen, dtype=torch.float64) ** 3
+    q /= q.sum(-1, keepdim=True)
+    p = torch.rand(1, g + 1, V, generator=gen, dtype=torch.float64) ** 3
+    p /= p.sum(-1, keepdim=True)
+    drafts = torch.multinomial(q[0], 1, generator=gen).T                  # [1, g]
+    tok, blk = P.conditional_token(drafts, q, p, 0), P.conditional_block(drafts, q, p, 0)
+    assert 1.0 <= tok <= blk + 1e-12 <= g + 1 + 1e-12
 
 
 # --------------------------------------------------------------------------- cache rollback
@@ -173,6 +191,24 @@ def test_engine_caches_track_the_emitted_stream(pair, rule, k):
     torch.testing.assert_close(got, fresh_next_logits(target, seq + [0]), atol=1e-4, rtol=1e-4)
     assert all(0 <= s.accepted <= s.drafted for s in res.steps)
     assert res.block_efficiency == pytest.approx(np.mean([s.accepted + 1 for s in res.steps]))
+    # the paired block-on-the-same-drafts value is recorded and, on a block run, is the rule's own
+    drafted = [s for s in res.steps if s.drafted]
+    assert drafted and all(s.block_on_drafts >= s.conditional - 1e-12 for s in drafted)
+    if rule == "block":
+        assert all(s.block_on_drafts == s.conditional for s in drafted)
+
+
+def test_block_equals_token_on_point_mass_drafts(pair):
+    """With q one-hot (n-gram drafts) r_i = p_i(X_i) <= 1, so w_j = prod r_i: block and token
+    coincide on every block, including the steps where nothing was drafted."""
+    target, _ = pair
+    V = target.config.vocab_size
+    prompt = [5, 6, 7, 8] * 4
+    res = E.generate(target, E.NgramDrafter(V), prompt, max_new_tokens=30, rule="token",
+                     gamma=3, k=1, cfg=SamplingConfig(1.0), seed=1, predict=True)
+    assert {s.drafted > 0 for s in res.steps} == {True, False}  # both kinds of step occur
+    for s in res.steps:
+        assert s.block_on_drafts == pytest.approx(s.conditional, abs=1e-12)
 
 
 # --------------------------------------------------------------------------- losslessness
@@ -189,9 +225,10 @@ def exact_two_token_law(target, prompt, cfg):
     return law.numpy()
 
 
-def two_token_counts(target, draft, prompt, cfg, rule, k, n, gamma=2, replacement=True):
+def two_token_counts(target, draft, prompt, cfg, rule, k, n, gamma=2, replacement=True,
+                     drafter=None):
     counts = np.zeros((V, V))
-    dr = E.ModelDrafter(draft)
+    dr = drafter or E.ModelDrafter(draft)
     tlm = E.CachedLM(target)
     for s in range(n):
         r = E.generate(target, dr, prompt, max_new_tokens=2, rule=rule, gamma=gamma, k=k,
@@ -225,6 +262,50 @@ def test_first_two_tokens_follow_the_target_law(pair, rule, k):
     counts = two_token_counts(target, draft, PROMPT, CFG3, rule, k, n=1000)
     # false-positive rate 1e-3 per rule (fixed seeds: deterministic)
     assert chi2_pvalue(counts, law) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule,k", [("token", 1), ("rrs", 2)])
+def test_feature_drafter_is_lossless(pair, rule, k):
+    """The feature-level drafter (its q is whatever law it sampled from) keeps every rule
+    lossless; here on an untrained FeatureDraft over the tiny target."""
+    target, _ = pair
+    law = exact_two_token_law(target, PROMPT, CFG3)
+    fd = FD.FeatureDrafter(FD.FeatureDraft(target).eval())
+    counts = two_token_counts(target, None, PROMPT, CFG3, rule, k, n=1000, drafter=fd)
+    assert chi2_pvalue(counts, law) > 1e-3
+
+
+@pytest.mark.parametrize("rule,k", [("token", 1), ("rrs", 2), ("kseq", 3)])
+def test_feature_drafter_state_matches_fresh_recomputation(pair, rule, k):
+    """Incremental target features + a draft cache cropped to true-feature pairs give the
+    same first-position law as recomputing everything on the committed text."""
+    target, _ = pair
+    torch.manual_seed(7)
+    draft = FD.FeatureDraft(target).eval()
+    with torch.no_grad():
+        draft.fc.weight.normal_(0, 0.3)  # not the identity-like init: exercise the fc path
+    fd = FD.FeatureDrafter(draft)
+    cfg = SamplingConfig(1.0)
+    seen = []
+    propose = fd.propose
+
+    def recording(seq, *a, **kw):
+        t, q = propose(seq, *a, **kw)
+        seen.append((list(seq), q[0, 0].double()))
+        return t, q
+
+    fd.propose = recording
+    res = E.generate(target, fd, PROMPT, max_new_tokens=24, rule=rule, gamma=3, k=k, cfg=cfg,
+                     seed=1)
+    assert any(s.accepted < s.drafted for s in res.steps)
+    assert len(seen) >= 4
+    for seq, q in seen:
+        with torch.no_grad():
+            f = target(torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states[-1]
+            fresh = probs(draft.logits(draft.features(torch.tensor([seq[1:]]), f)[:, -1]),
+                          cfg)[0].double()
+        torch.testing.assert_close(q, fresh, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.slow
@@ -263,7 +344,8 @@ def test_gumbel_autoregressive_and_point_mass_drafts_agree(pair):
     target, draft = pair
     cfg = SamplingConfig(1.0)
     ar = E.autoregressive(target, PROMPT, max_new_tokens=24, cfg=cfg, seed=5, gumbel=True)
-    for d in (E.ModelDrafter(draft), E.NgramDrafter(V), E.NoDrafter(V)):
+    fd = FD.FeatureDrafter(FD.FeatureDraft(target).eval())
+    for d in (E.ModelDrafter(draft), fd, E.NgramDrafter(V), E.NoDrafter(V)):
         r = E.generate(target, d, PROMPT, max_new_tokens=24, rule="gumbel", gamma=3, cfg=cfg,
                        seed=5)
         assert r.tokens == ar.tokens, d.name
@@ -291,3 +373,21 @@ def test_draft_sampler_never_returns_zero_probability_tokens_and_has_the_right_l
     counts = np.bincount(x.numpy(), minlength=5)
     assert counts[0] == counts[2] == 0
     assert stats.chisquare(counts[[1, 3, 4]], 20000 * np.array([0.5, 0.25, 0.25])).pvalue > 1e-3
+
+
+def test_early_exit_is_the_first_layers_then_norm_and_head():
+    """models.early_exit: the first L layers, the final norm, the head; every tensor shared."""
+    from coupling.llm import models
+
+    target = tiny_llama(4, layers=3)
+    ee = models.early_exit(target, 2)
+    assert ee.model.layers[1] is target.model.layers[1] and ee.lm_head is target.lm_head
+    assert all(p.device.type != "meta" for p in ee.parameters())
+    assert all(b.device.type != "meta" for b in ee.buffers())
+    ids = torch.tensor([[1, 4, 2, 7, 3]])
+    with torch.no_grad():
+        h = target(ids, output_hidden_states=True).hidden_states[2]   # after layer 2
+        want = target.lm_head(target.model.norm(h))
+        torch.testing.assert_close(ee(ids).logits, want)
+    with pytest.raises(ValueError, match="n_layers"):
+        models.early_exit(target, 3)

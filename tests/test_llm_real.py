@@ -1,4 +1,7 @@
-"""Real-model tests (SmolLM2-135M target + the shipped trained draft). All slow-marked.
+"""Real-model tests (SmolLM2-135M target + the shipped drafts). All slow-marked.
+
+* the feature-level draft's incremental state (target features, cropped draft cache, k
+  branches) gives the same law as a from-scratch recomputation (float32);
 
 * cache rollback: after speculative steps with rejections, the target's incremental logits
   equal a fresh full recomputation (bf16 tolerance);
@@ -7,7 +10,8 @@
   matches plain sampling by chi-square (false-positive rate 1e-3 per rule, fixed seeds),
   and a negative control (always accept the draft of the untrained layer-0 draft) must fail;
 * drafter invariance: under one seed ``gumbel`` emits the same stream with the trained draft,
-  the n-gram drafter and no drafter, equal to plain Gumbel sampling from the target alone.
+  the feature-level draft, the n-gram drafter and no drafter, equal to plain Gumbel sampling
+  from the target alone.
   This one runs in float32: bf16 logits of a batched verification call differ from those of
   a single-token call in the last bits, which can flip a near-tied Gumbel argmax.
 """
@@ -20,6 +24,7 @@ import torch
 from scipy import stats
 
 from coupling.llm import engine as E
+from coupling.llm import feature_draft as FD
 from coupling.llm import models, rules_adapter
 from coupling.llm.sampling import SamplingConfig, probs
 
@@ -67,6 +72,54 @@ def test_draft_file_is_small_and_shares_the_target_tensors(real):
 def real32():
     target = models.load_target("float32")
     return target, models.load_draft(target)
+
+
+@pytest.fixture(scope="module")
+def feature(real):
+    return FD.load_feature_draft(real[0], head_tokens=8192)
+
+
+def test_feature_draft_file_is_small_and_shares_the_target_tensors(real, feature):
+    target = real[0]
+    assert FD.FEATURE_DRAFT_WEIGHTS.stat().st_size <= 10 * 2**20
+    shared = target.model.embed_tokens.weight.data_ptr()
+    assert feature.body.embed_tokens.weight.data_ptr() == shared
+    assert feature.body.norm.weight.data_ptr() == target.model.norm.weight.data_ptr()
+    assert isinstance(feature.head, models.SubsetHead) and feature.head.weight.shape[0] == 8192
+    assert sum(v.numel() for v in feature.own_state_dict().values()) < 5e6
+    with pytest.raises(RuntimeError, match="bind"):
+        FD.FeatureDrafter(feature).propose([1, 2, 3], 2, 1, SamplingConfig(), torch.Generator())
+
+
+@pytest.mark.parametrize("rule,k", [("token", 1), ("rrs", 2)])
+def test_feature_drafter_laws_match_fresh_recomputation_float32(real, real32, rule, k):
+    """The drafter's incremental state (target features kept by the target's cache, draft
+    cache cropped to pairs with true features, k branches) gives the same first-position law
+    as recomputing target features and draft pairs from scratch on the committed text."""
+    _, _, _, prompt = real
+    target = real32[0]
+    draft = FD.load_feature_draft(target, head_tokens=8192)
+    drafter = FD.FeatureDrafter(draft)
+    cfg = SamplingConfig(1.0)
+    seen = []
+    propose = drafter.propose
+
+    def recording(seq, *a, **kw):
+        t, q = propose(seq, *a, **kw)
+        seen.append((list(seq), q[0, 0].double()))
+        return t, q
+
+    drafter.propose = recording
+    res = E.generate(target, drafter, prompt, max_new_tokens=30, rule=rule, gamma=3, k=k,
+                     cfg=cfg, seed=0)
+    assert any(s.accepted < s.drafted for s in res.steps), "no rejection: rollback untested"
+    assert any(s.accepted > 0 for s in res.steps), "nothing accepted: the draft is not loaded"
+    for seq, q in seen:
+        with torch.no_grad():
+            f = target(torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states[-1]
+            fh = draft.features(torch.tensor([seq[1:]]), f)[:, -1]
+            fresh = probs(draft.logits(fh), cfg)[0].double()
+        assert 0.5 * (fresh - q).abs().sum().item() < 1e-4
 
 
 @pytest.mark.parametrize("rule,k", [("token", 1), ("kseq", 4)])
@@ -151,14 +204,17 @@ def law(real):
     return cells
 
 
-@pytest.mark.parametrize("rule,k", [("token", 1), ("block", 1), ("kseq", 2), ("rrs", 2),
-                                    ("gumbel", 1)])
-def test_first_two_tokens_follow_plain_sampling(real, law, rule, k):
+@pytest.mark.parametrize("rule,k,drafter", [
+    ("token", 1, "trained"), ("block", 1, "trained"), ("kseq", 2, "trained"),
+    ("rrs", 2, "trained"), ("gumbel", 1, "trained"), ("block", 1, "feature"),
+    ("rrs", 2, "feature")])
+def test_first_two_tokens_follow_plain_sampling(real, law, feature, rule, k, drafter):
     reason = rules_adapter.available().get(rule)
     if reason:
         pytest.skip(reason)
     target, draft, _, prompt = real
-    counts = counts_for(target, E.ModelDrafter(draft), prompt, rule, k, n=200)
+    d = FD.FeatureDrafter(feature) if drafter == "feature" else E.ModelDrafter(draft)
+    counts = counts_for(target, d, prompt, rule, k, n=200)
     assert pvalue(counts, law) > 1e-3
 
 
@@ -189,7 +245,8 @@ def test_gumbel_is_drafter_invariant_on_the_real_model():
     ar = E.autoregressive(target, prompt, max_new_tokens=32, cfg=cfg, seed=11, gumbel=True)
     plain = E.autoregressive(target, prompt, max_new_tokens=32, cfg=cfg, seed=11)
     assert ar.tokens != plain.tokens  # the Gumbel stream is a different sampler's output
-    for d in (E.ModelDrafter(draft), E.NgramDrafter(V), E.NoDrafter(V)):
+    fdraft = FD.FeatureDrafter(FD.load_feature_draft(target, head_tokens=8192))
+    for d in (E.ModelDrafter(draft), fdraft, E.NgramDrafter(V), E.NoDrafter(V)):
         r = E.generate(target, d, prompt, max_new_tokens=32, rule="gumbel", gamma=4, cfg=cfg,
                        seed=11)
         assert r.tokens == ar.tokens, d.name

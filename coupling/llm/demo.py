@@ -56,8 +56,15 @@ FULL = [
     Method("optimal_k4", "engine", "optimal", 4),
     Method("gumbel", "engine", "gumbel", 1),
     Method("token_ngram", "engine", "token", 1, drafter="ngram"),
+    # feature-level (EAGLE-style) draft: reads the target's hidden states, so HF assisted
+    # generation cannot run it (coupling.llm.feature_draft)
+    Method("token_feature", "engine", "token", 1, drafter="feature"),
+    Method("block_feature", "engine", "block", 1, drafter="feature"),
+    Method("rrs_k2_feature", "engine", "rrs", 2, drafter="feature"),
+    Method("gumbel_feature", "engine", "gumbel", 1, drafter="feature"),
 ]
-QUICK = ["autoregressive", "hf_assisted", "token", "block", "kseq_k2", "gumbel"]
+QUICK = ["autoregressive", "hf_assisted", "token", "block", "kseq_k2", "gumbel",
+         "block_feature"]
 
 
 def load_prompts() -> list[str]:
@@ -66,7 +73,7 @@ def load_prompts() -> list[str]:
 
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="coupling demo", description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="3 prompts, 48 tokens, 6 methods")
+    ap.add_argument("--quick", action="store_true", help="3 prompts, 48 tokens, 7 methods")
     ap.add_argument("--prompts", type=int, default=None, help="number of prompts (default 8)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 96 (quick: 48)")
     ap.add_argument("--gamma", type=int, default=2, help="drafted tokens per step")
@@ -115,6 +122,11 @@ def run(args) -> dict:
     t_load = time.perf_counter()
     target = models.load_target(args.dtype, args.device)
     draft = models.load_draft(target, head_tokens=args.draft_head)
+    fdraft = None
+    if any(m.drafter == "feature" for m in methods):
+        from .feature_draft import load_feature_draft
+
+        fdraft = load_feature_draft(target, head_tokens=args.draft_head)
     tok = models.load_tokenizer()
     t_load = time.perf_counter() - t_load
     V = target.config.vocab_size
@@ -140,6 +152,10 @@ def run(args) -> dict:
     def drafter_for(m: Method):
         if m.drafter == "ngram":
             return E.NgramDrafter(V)
+        if m.drafter == "feature":
+            from .feature_draft import FeatureDrafter
+
+            return FeatureDrafter(fdraft)
         return E.ModelDrafter(draft)
 
     def one(m: Method, prompt: list[int], seed: int, n: int):
@@ -206,11 +222,13 @@ def run(args) -> dict:
         steps = a["steps"]
         drafted = sum(s.drafted for s in steps)
         cond = [s.conditional for s in steps if not math.isnan(s.conditional)]
+        paired = [s.block_on_drafts for s in steps if not math.isnan(s.block_on_drafts)]
         rules_out[m.label] = {
             "rule": m.rule, "k": m.k, "drafter": m.drafter, "gamma": args.gamma,
             "block_efficiency": float(np.mean([s.accepted + 1 for s in steps])),
             "predicted_block_efficiency": float(np.mean([s.predicted for s in steps])),
             "conditional_block_efficiency": float(np.mean(cond)) if cond else None,
+            "block_on_same_drafts": float(np.mean(paired)) if paired else None,
             "acceptance_rate": sum(s.accepted for s in steps) / drafted if drafted else None,
             "mean_alpha": float(np.mean([x for s in steps for x in s.alpha])) if drafted else None,
             "target_calls": a["target_calls"], "verify_steps": len(steps),
@@ -228,7 +246,12 @@ def run(args) -> dict:
                       else ")"),
                    "dtype": args.dtype, "device": args.device,
                    "target_params": models.param_count(target),
-                   "draft_own_params": models.param_count(draft, exclude_shared=True)},
+                   "draft_own_params": models.param_count(draft, exclude_shared=True),
+                   **({"feature_draft": "fc + 1 decoder layer on the target's final hidden "
+                       "states (EAGLE-style; coupling/data/feature_draft_smollm2.safetensors)",
+                       "feature_draft_own_params": sum(
+                           v.numel() for v in fdraft.own_state_dict().values())}
+                      if fdraft is not None else {})},
         "settings": {**cfg.as_dict(), "gamma": args.gamma, "max_new_tokens": max_new,
                      "draft_head_tokens": args.draft_head,
                      "prompts": n_prompts, "seed": args.seed, "quick": bool(args.quick),
@@ -243,16 +266,16 @@ def run(args) -> dict:
 
 
 def format_table(res: dict) -> str:
-    head = (f"{'method':<14}{'k':>3}{'BE':>7}{'BE pred':>9}{'accept':>8}{'calls':>7}"
+    head = (f"{'method':<16}{'k':>3}{'BE':>7}{'BE pred':>9}{'accept':>8}{'calls':>7}"
             f"{'tok/s':>8}{'speedup':>9}")
     lines = [head, "-" * len(head)]
     for name, b in res["baselines"].items():
-        lines.append(f"{name:<14}{'':>3}{b['tokens_per_target_call']:>7.2f}{'-':>9}{'-':>8}"
+        lines.append(f"{name:<16}{'':>3}{b['tokens_per_target_call']:>7.2f}{'-':>9}{'-':>8}"
                      f"{b['target_calls']:>7d}{b['tokens_per_s']:>8.1f}"
                      f"{b['speedup_vs_autoregressive']:>8.2f}x")
     for name, r in res["rules"].items():
         ar = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.3f}"
-        lines.append(f"{name:<14}{r['k']:>3}{r['block_efficiency']:>7.2f}"
+        lines.append(f"{name:<16}{r['k']:>3}{r['block_efficiency']:>7.2f}"
                      f"{r['predicted_block_efficiency']:>9.2f}{ar:>8}{r['target_calls']:>7d}"
                      f"{r['tokens_per_s']:>8.1f}{r['speedup_vs_autoregressive']:>8.2f}x")
     return "\n".join(lines)

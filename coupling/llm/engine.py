@@ -14,6 +14,12 @@ and the target. Four short functions do the work:
                  with a negative count) to the longest prefix that is still the committed text,
                  and the chosen branch is selected (``batch_select_indices``).
 
+Drafters: :class:`ModelDrafter` (any causal LM with the target's tokenizer),
+:class:`coupling.llm.feature_draft.FeatureDrafter` (EAGLE-style: reads the target's final
+hidden states, which the target's :class:`CachedLM` keeps, cropped and branch-selected with its
+cache, when the drafter sets ``needs_target_features``), :class:`NgramDrafter` (prompt lookup)
+and :class:`NoDrafter`; :func:`sample_chain` holds the sampling they share.
+
 Cache invariant: a :class:`CachedLM` knows exactly which tokens its cache holds
 (``self.tokens``); :meth:`CachedLM.sync` crops it to the longest common prefix with the committed
 sequence (keeping at least one token to feed, whose logits give the next law). Correctness of a
@@ -61,6 +67,9 @@ class CachedLM:
         self.tokens: list[list[int]] = [[]]
         self.calls = 0
         self.seconds = 0.0
+        # final-normed hidden states [rows, len(tokens), d], kept only for feature drafters
+        self.keep_features = False
+        self.feats: torch.Tensor | None = None
 
     @property
     def device(self) -> torch.device:
@@ -71,6 +80,7 @@ class CachedLM:
 
         self.cache = DynamicCache()
         self.tokens = [[]]
+        self.feats = None
 
     def sync(self, seq: list[int]) -> list[int]:
         """Crop the cache to the longest common prefix with ``seq``; return the tokens to feed.
@@ -89,6 +99,8 @@ class CachedLM:
         if drop:
             self.cache.crop(-drop)  # transformers 5.x: a negative count of tokens to remove
             self.tokens = [held[:n]]
+            if self.feats is not None:
+                self.feats = self.feats[:, :n]
         return seq[n:]
 
     @torch.no_grad()
@@ -97,10 +109,17 @@ class CachedLM:
         if ids.shape[0] != len(self.tokens):
             raise ValueError(f"ids has {ids.shape[0]} rows but the cache holds {len(self.tokens)}")
         t0 = time.perf_counter()
-        out = self.model(input_ids=ids.to(self.device), cache=self.cache, use_cache=True)
+        out = self.model(input_ids=ids.to(self.device), cache=self.cache, use_cache=True,
+                         output_hidden_states=self.keep_features)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         new = ids.tolist()
+        if self.keep_features:
+            h = out.hidden_states[-1]                   # final-normed: logits = lm_head(h)
+            self.feats = h if self.feats is None or self.feats.shape[1] == 0 else \
+                torch.cat([self.feats, h], 1)
+            if self.feats.shape[1] != len(self.tokens[0]) + ids.shape[1]:
+                raise RuntimeError("feature store out of step with the cache; call reset()")
         self.tokens = [held + row for held, row in zip(self.tokens, new, strict=True)]
         return out.logits
 
@@ -112,6 +131,8 @@ class CachedLM:
             raise RuntimeError("expand needs a single-row cache")
         if self.cache.get_seq_length() > 0:
             self.cache.batch_repeat_interleave(rows)
+        if self.feats is not None:
+            self.feats = self.feats.expand(rows, -1, -1).contiguous()
         self.tokens = [list(self.tokens[0]) for _ in range(rows)]
 
     def select(self, row: int) -> None:
@@ -119,6 +140,8 @@ class CachedLM:
         if len(self.tokens) == 1:
             return
         self.cache.batch_select_indices(torch.tensor([row], device=self.device))
+        if self.feats is not None:
+            self.feats = self.feats[row:row + 1]
         self.tokens = [self.tokens[row]]
 
 
@@ -159,6 +182,14 @@ class ModelDrafter:
 
     def accept(self, branch: int) -> None:
         self.lm.select(branch)
+
+    @property
+    def calls(self) -> int:
+        return self.lm.calls
+
+    @property
+    def seconds(self) -> float:
+        return self.lm.seconds
 
 
 class NgramDrafter:
@@ -249,7 +280,25 @@ def draft_block(lm: CachedLM, seq: list[int], gamma: int, k: int, cfg: SamplingC
         raise ValueError(f"gamma={gamma} must be >= 1")
     feed = lm.sync(seq)
     logits = lm.forward(torch.tensor([feed], device=lm.device))[:, -1]  # [1, V]
-    q1 = probs(logits, cfg)                                   # [1, V] float32
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        return probs(lm.forward(x[:, None])[:, -1], cfg)               # [k, V]
+
+    return sample_chain(probs(logits, cfg), step, lm.expand, gamma, k, gen,
+                        distinct_first=distinct_first, gumbel=gumbel)
+
+
+def sample_chain(q1: torch.Tensor, step, expand, gamma: int, k: int, gen: torch.Generator, *,
+                 distinct_first: bool = False, gumbel: tuple[int, int] | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw k branches of gamma tokens from a drafter; return tokens [k, gamma], laws [k, gamma, V].
+
+    ``q1`` [1, V] is the law of the first drafted token (common to all branches); ``expand(k)``
+    turns the drafter's state into k rows; ``step(x [k])`` feeds the k last drafted tokens and
+    returns the next laws [k, V]. Sampling: i.i.d. inverse-CDF draws from ``gen``, or the k
+    first tokens without replacement (``distinct_first``), or Gumbel argmaxes from the
+    backend's shared noise at ``gumbel=(seed, position)`` (single branch).
+    """
     qs = [q1.expand(k, -1)]
     if gumbel is not None:
         if k != 1:
@@ -262,10 +311,9 @@ def draft_block(lm: CachedLM, seq: list[int], gamma: int, k: int, cfg: SamplingC
     else:
         x = _sample_rows(q1.expand(k, -1).contiguous(), gen)
     toks = [x]
-    lm.expand(k)
+    expand(k)
     for i in range(1, gamma):
-        logits = lm.forward(toks[-1][:, None])[:, -1]         # [k, V]
-        qi = probs(logits, cfg)
+        qi = step(toks[-1])
         qs.append(qi)
         if gumbel is not None:
             toks.append(_gumbel_draft(qi, gumbel[0], gumbel[1] + i))
@@ -293,6 +341,9 @@ class StepRecord:
     beta: list[float] = field(default_factory=list)
     predicted: float = float("nan")      # predicted tokens for this call (coupling.llm.predict)
     conditional: float = float("nan")    # E[accepted + 1 | drafts] (token and block rules)
+    # E[accepted + 1 | the same drafts] had block verification judged them (k = 1 rules):
+    # pairs block with token on identical blocks, free of the runs' diverging trajectories
+    block_on_drafts: float = float("nan")
 
 
 @dataclass
@@ -367,12 +418,17 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
     tlm = target or CachedLM(target_model)
     t0 = time.perf_counter()
     tlm.calls, tlm.seconds = 0, 0.0
+    # a feature drafter (EAGLE-style) reads the target's hidden states
+    uses_feats = drafter is not None and gamma > 0 and getattr(drafter, "needs_target_features",
+                                                                False)
+    tlm.keep_features = uses_feats
     prefill(tlm, prompt)
     d_calls0 = d_sec0 = 0
     if drafter is not None and gamma > 0:
+        if uses_feats:
+            drafter.bind(tlm)
         drafter.reset(prompt)
-        if isinstance(drafter, ModelDrafter):
-            d_calls0, d_sec0 = drafter.lm.calls, drafter.lm.seconds
+        d_calls0, d_sec0 = getattr(drafter, "calls", 0), getattr(drafter, "seconds", 0.0)
     gen = torch.Generator(device=tlm.device).manual_seed(seed)
     seq = list(prompt)
     steps: list[StepRecord] = []
@@ -394,7 +450,10 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
             p = probs(tlm.forward(torch.tensor([feed], device=tlm.device))[:, -1], cfg)  # [1, V]
             tok = rules_adapter.sample_target(rule, p, seed, position, gen)
             m, c, emitted = 0, 0, [tok]
-            steps.append(StepRecord(0, 0, 0, predicted=1.0, conditional=1.0))
+            # exact conditionals exist for token and block only (see coupling.llm.predict)
+            exact = 1.0 if rule in ("token", "block") else float("nan")
+            steps.append(StepRecord(0, 0, 0, predicted=1.0, conditional=exact,
+                                    block_on_drafts=exact))
         else:
             m, c, emitted, p = verify(tlm, seq, drafts, q, rule, cfg, seed,
                                       replacement=replacement)
@@ -415,6 +474,8 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
                     rec.conditional = P.conditional_token(drafts, q, p, c)
                 elif rule == "block":
                     rec.conditional = rec.predicted
+                if rule in ("token", "block"):
+                    rec.block_on_drafts = P.conditional_block(drafts, q, p, c)
                 excluded += time.perf_counter() - t_pred  # analysis, not generation
             if on_step is not None:
                 on_step(rec, drafts, q, p)
@@ -425,8 +486,9 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
             break
     out = seq[len(prompt):][:max_new_tokens]
     d_calls = d_sec = 0
-    if isinstance(drafter, ModelDrafter):
-        d_calls, d_sec = drafter.lm.calls - d_calls0, drafter.lm.seconds - d_sec0
+    if drafter is not None and gamma > 0:
+        d_calls = getattr(drafter, "calls", 0) - d_calls0
+        d_sec = getattr(drafter, "seconds", 0.0) - d_sec0
     return GenerationResult(out, steps, tlm.calls, d_calls, time.perf_counter() - t0 - excluded,
                             tlm.seconds, d_sec)
 

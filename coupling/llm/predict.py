@@ -27,6 +27,14 @@ with :math:`\beta_i` the rule's single-step acceptance probability on :math:`(p_
 * ``gumbel``: :math:`\beta_i` is the exact Gumbel collision probability
   :math:`\sum_x 1/\sum_j \max(p_j/p_x, q_j/q_x)` (independent noise at each position).
 
+``block_on_same_drafts`` (token and block runs, reported in JSON): block's exact conditional
+:math:`1 + \sum_i w_i` evaluated on the very drafts the run verified. On a token run it pairs
+the two rules on identical blocks. With :math:`r_i = p_i(X_i)/q_i(X_i)` and
+:math:`t_j = \prod_{i \le j} \min(1, r_i)` (token's term), :math:`w_j \ge t_j` by induction:
+:math:`w_j = \min(w_{j-1} r_j, 1) \ge \min(t_{j-1} r_j, t_{j-1}) = t_j` as
+:math:`t_{j-1} \le \min(w_{j-1}, 1)`. So the paired difference is never negative; it
+isolates the rule's effect from the diverging trajectories of two separate runs.
+
 ``conditional`` (token only, reported in JSON): the exact expected tokens given the drafts,
 :math:`1 + \sum_{j=1}^{g} \prod_{i \le j} \min(1, p_i(X_i)/q_i(X_i))`; like block's, its
 average over steps is an unbiased estimate of the measured block efficiency. The gap between
@@ -113,6 +121,11 @@ def predicted_block_efficiency(rule: str, beta: list[float]) -> float:
     if rule == "block":
         return 1.0 + float(sum(beta))
     return compose(beta)
+
+
+def conditional_block(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, branch: int) -> float:
+    """E[accepted + 1 | drafts] for block verification on these drafts: 1 + sum_i w_i."""
+    return 1.0 + float(sum(step_beta("block", drafts, q, p, branch, 1)))
 
 
 def conditional_token(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, branch: int) -> float:
