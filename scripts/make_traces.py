@@ -1,17 +1,29 @@
 #!/usr/bin/env python
 """Record real (p, q) pairs along engine runs for the block-efficiency notebook.
 
-For each demo prompt, the engine runs token verification with the trained draft and, at every
+Two sources (``--model``):
+
+* ``smollm2`` (default): the SmolLM2-135M-Instruct target with the project's trained 1-layer
+  draft, chat-formatted demo prompts -> ``coupling/data/traces_smollm2.npz``;
+* ``smollm2 --draft feature``: the same target with the feature-level (EAGLE-style) draft of
+  :mod:`coupling.llm.feature_draft` (head restricted to 8192 tokens, as it was trained)
+  -> ``coupling/data/traces_smollm2_feature.npz``;
+* ``gemma``: Gemma 3 270M base (vocabulary 262144, its own tokenizer) with its naive early
+  exit after ``--exit-layer`` of 18 layers as the draft (:func:`coupling.llm.models.early_exit`),
+  demo prompts as "Question: ...\nAnswer:" -> ``coupling/data/traces_gemma3.npz``.
+
+For each demo prompt, the engine runs token verification with the draft and, at every
 drafted position of every step, stores the target law p_i and the draft law q_i restricted to
 the union of their top-``m`` tokens (renormalised; the dropped mass is stored too), plus the
 drafted token and whether it was accepted. Output: one ``.npz`` under ``coupling/data/``.
 
-Arrays (N = recorded positions, m2 = 2 m + 1 union slots (top-m of p, top-m of q, the drafted token), padded with index -1 / prob 0):
+Arrays (N = recorded positions, m2 = 2 m + 1 union slots: top-m of p, top-m of q, the drafted
+token; padded with index -1 / prob 0):
 ``idx [N, m2] int32``, ``p [N, m2] float32``, ``q [N, m2] float32``, ``p_mass``/``q_mass [N]``
 (mass kept before renormalising), ``step [N]``, ``offset [N]`` (position in the block),
 ``drafted [N]`` token, ``accepted [N]`` bool, ``alpha [N]`` = sum min(p, q) at full vocabulary.
 
-Usage: ``python scripts/make_traces.py [--prompts 6] [--tokens 96] [--top-m 32]``
+Usage: ``python scripts/make_traces.py [--model gemma] [--prompts 6] [--tokens 96] [--top-m 32]``
 """
 
 from __future__ import annotations
@@ -40,12 +52,41 @@ def main(argv=None) -> int:
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--top-p", type=float, default=0.95)
-    ap.add_argument("--out", type=Path, default=models.DATA_DIR / "traces_smollm2.npz")
+    ap.add_argument("--model", choices=("smollm2", "gemma"), default="smollm2")
+    ap.add_argument("--draft", choices=("trained", "feature"), default="trained",
+                    help="smollm2: token-level trained draft or feature-level draft")
+    ap.add_argument("--exit-layer", type=int, default=15, help="gemma: early-exit draft depth")
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", type=Path, default=None,
+                    help="default coupling/data/traces_{smollm2,gemma3}.npz")
     args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
-    target = models.load_target()
-    draft = models.load_draft(target)
-    tok = models.load_tokenizer()
+    if args.model == "gemma":
+        args.draft = f"early exit after layer {args.exit_layer}"   # recorded in settings
+        target, tok = models.load_gemma()
+        drafter = E.ModelDrafter(models.early_exit(target, args.exit_layer))
+        out_path = args.out or models.DATA_DIR / "traces_gemma3.npz"
+
+        def encode(text: str) -> list[int]:
+            return tok(f"Question: {text}\nAnswer:").input_ids
+    else:
+        target = models.load_target()
+        tok = models.load_tokenizer()
+        if args.draft == "feature":
+            from coupling.llm.feature_draft import FeatureDrafter, load_feature_draft
+
+            drafter = FeatureDrafter(load_feature_draft(target, head_tokens=8192))
+            out_path = args.out or models.DATA_DIR / "traces_smollm2_feature.npz"
+        else:
+            drafter = E.ModelDrafter(models.load_draft(target))
+            out_path = args.out or models.DATA_DIR / "traces_smollm2.npz"
+
+        def encode(text: str) -> list[int]:
+            ids = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                          add_generation_prompt=True)
+            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     cfg = SamplingConfig(args.temperature, 0, args.top_p)
     m = args.top_m
     rows: dict[str, list] = {k: [] for k in ("idx", "p", "q", "p_mass", "q_mass", "step",
@@ -76,17 +117,15 @@ def main(argv=None) -> int:
         step_counter[0] += 1
 
     for j, text in enumerate(demo.load_prompts()[: args.prompts]):
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                      add_generation_prompt=True)
-        prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        E.generate(target, E.ModelDrafter(draft), prompt, max_new_tokens=args.tokens,
+        prompt = encode(text)
+        E.generate(target, drafter, prompt, max_new_tokens=args.tokens,
                    rule="token", gamma=args.gamma, cfg=cfg, seed=j, eos_token_id=tok.eos_token_id,
                    on_step=lambda rec, d, q, p, j=j: on_step(rec, d, q, p, j))
     out = {k: np.asarray(v) for k, v in rows.items()}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(args.out, **out, settings=np.array(str(vars(args))))
-    print(f"wrote {args.out}: {len(out['alpha'])} positions, "
-          f"{args.out.stat().st_size / 1e6:.2f} MB, mean alpha {out['alpha'].mean():.3f}")
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(out_path, **out, settings=np.array(str(vars(args))))
+    print(f"wrote {out_path}: {len(out['alpha'])} positions, "
+          f"{out_path.stat().st_size / 1e6:.2f} MB, mean alpha {out['alpha'].mean():.3f}")
     return 0
 
 
