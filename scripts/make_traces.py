@@ -84,9 +84,7 @@ def main(argv=None) -> int:
             out_path = args.out or models.DATA_DIR / "traces_smollm2.npz"
 
         def encode(text: str) -> list[int]:
-            ids = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                          add_generation_prompt=True)
-            return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+            return models.chat_prompt(tok, text)
     cfg = SamplingConfig(args.temperature, 0, args.top_p)
     m = args.top_m
     rows: dict[str, list] = {k: [] for k in ("idx", "p", "q", "p_mass", "q_mass", "step",

@@ -391,3 +391,51 @@ def test_early_exit_is_the_first_layers_then_norm_and_head():
         torch.testing.assert_close(ee(ids).logits, want)
     with pytest.raises(ValueError, match="n_layers"):
         models.early_exit(target, 3)
+
+
+def test_draft_weight_files_round_trip(tmp_path):
+    """save_draft / save_feature_draft then load_*: the same tensors (at bf16), the same subset
+    head, the spec and meta in the sidecar; a bad head_tokens request is a clear error."""
+    import json
+
+    from coupling.llm import models
+
+    target = tiny_llama(5, layers=3)
+    ranking = torch.tensor([7, 3, 9, 0, 5])
+    spec = models.DraftSpec(1, (2,))
+    draft = models.build_draft(target, spec)
+    with torch.no_grad():
+        for prm in draft.model.layers[0].parameters():
+            prm.add_(0.01 * torch.randn_like(prm))
+    path = models.save_draft(draft, spec, tmp_path / "d.safetensors", {"steps": 3}, ranking)
+    assert json.loads(path.with_suffix(".json").read_text()) == {
+        "spec": {"n_layers": 1, "init_layers": [2], "shared_layers": 0}, "steps": 3}
+    back = models.load_draft(target, path, head_tokens=3)
+    for (k, a), b in zip(models.own_state_dict(draft, spec).items(),
+                         models.own_state_dict(back, spec).values(), strict=True):
+        torch.testing.assert_close(b, a.to(torch.bfloat16).to(b.dtype), msg=k)
+    ids = torch.tensor([[1, 4, 2]])
+    with torch.no_grad():
+        lg = back(ids).logits[0, -1]
+    assert torch.isfinite(lg).nonzero().flatten().tolist() == [3, 7, 9]
+
+    fd = FD.FeatureDraft(target)
+    with torch.no_grad():
+        fd.fc.bias.add_(0.5)
+    fpath = FD.save_feature_draft(fd, tmp_path / "f.safetensors", {"steps": 4}, ranking)
+    assert json.loads(fpath.with_suffix(".json").read_text()) == {"steps": 4}
+    fback = FD.load_feature_draft(target, fpath, head_tokens=2)
+    for (k, a), b in zip(fd.own_state_dict().items(), fback.own_state_dict().values(),
+                         strict=True):
+        torch.testing.assert_close(b, a.to(torch.bfloat16).to(b.dtype), msg=k)
+    feats = torch.randn(1, 3, 16)
+    with torch.no_grad():
+        assert torch.isfinite(fback.logits(fback.features(ids, feats))[0, -1]).nonzero() \
+            .flatten().tolist() == [3, 7]
+    with pytest.raises(ValueError, match="head_tokens=6"):
+        FD.load_feature_draft(target, fpath, head_tokens=6)
+    with pytest.raises(ValueError, match="tokens"):
+        models.SubsetHead(target.lm_head.weight, torch.tensor([1, 10]))   # V = 10
+    models.save_draft(draft, spec, tmp_path / "n.safetensors")  # no ranking stored
+    with pytest.raises(ValueError, match="no head_tokens ranking"):
+        models.load_draft(target, tmp_path / "n.safetensors", head_tokens=2)

@@ -47,9 +47,7 @@ def real():
     target = models.load_target("bfloat16")
     draft = models.load_draft(target)
     tok = models.load_tokenizer()
-    ids = tok.apply_chat_template([{"role": "user", "content": PROMPT_TEXT}], tokenize=True,
-                                  add_generation_prompt=True)
-    prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    prompt = models.chat_prompt(tok, PROMPT_TEXT)
     return target, draft, tok, prompt
 
 
@@ -237,9 +235,7 @@ def test_gumbel_is_drafter_invariant_on_the_real_model():
     target = models.load_target("float32")
     draft = models.load_draft(target)
     tok = models.load_tokenizer()
-    ids = tok.apply_chat_template([{"role": "user", "content": "Describe a sunrise."}],
-                                  tokenize=True, add_generation_prompt=True)
-    prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    prompt = models.chat_prompt(tok, "Describe a sunrise.")
     cfg = SamplingConfig(0.8)
     V = target.config.vocab_size
     ar = E.autoregressive(target, prompt, max_new_tokens=32, cfg=cfg, seed=11, gumbel=True)

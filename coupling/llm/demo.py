@@ -143,11 +143,7 @@ def run(args) -> dict:
             runnable.append(m)
 
     prompts = load_prompts()[:n_prompts]
-    encoded = []
-    for text in prompts:
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
-                                      add_generation_prompt=True)
-        encoded.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    encoded = [models.chat_prompt(tok, text) for text in prompts]
 
     def drafter_for(m: Method):
         if m.drafter == "ngram":

@@ -34,13 +34,13 @@ whatever produced it, and every rule verifies against the target's ``p``.
 
 from __future__ import annotations
 
-import json
 import os
+import time
 from pathlib import Path
 
 import torch
 
-from .models import DATA_DIR, SubsetHead
+from .models import DATA_DIR, DraftSpec, SubsetHead, build_draft, head_ranking, write_weights
 from .sampling import SamplingConfig, probs
 
 FEATURE_DRAFT_WEIGHTS = DATA_DIR / "feature_draft_smollm2.safetensors"
@@ -55,23 +55,12 @@ class FeatureDraft(torch.nn.Module):
 
     def __init__(self, target, init_layer: int | None = None) -> None:
         super().__init__()
-        from transformers import LlamaModel
-
         tcfg = target.config
-        cfg = tcfg.__class__.from_dict(tcfg.to_dict())
-        cfg.num_hidden_layers = 1
-        if getattr(cfg, "layer_types", None) is not None:
-            cfg.layer_types = list(cfg.layer_types)[:1]
         d = tcfg.hidden_size
-        with torch.device("meta"):
-            body = LlamaModel(cfg)
-        body = body.to_empty(device=target.device).to(target.dtype)
         src = tcfg.num_hidden_layers - 1 if init_layer is None else init_layer
-        body.layers[0].load_state_dict(target.model.layers[src].state_dict())
-        body.rotary_emb = target.model.rotary_emb   # to_empty left its buffers uninitialised
-        body.norm = target.model.norm
-        body.embed_tokens = target.model.embed_tokens
-        self.body = body
+        # the body of a 1-layer token-level draft: its own layer (a copy of target layer src),
+        # the target's embeddings, final norm and rotary tables (shared)
+        self.body = build_draft(target, DraftSpec(1, (src,))).model
         self.fc = torch.nn.Linear(2 * d, d, bias=True, device=target.device, dtype=target.dtype)
         with torch.no_grad():
             # start as "the previous feature, nudged by the token": a sane point for training
@@ -108,17 +97,7 @@ def save_feature_draft(draft: FeatureDraft, path: Path = FEATURE_DRAFT_WEIGHTS,
                        meta: dict | None = None,
                        head_tokens: torch.Tensor | None = None) -> Path:
     """Write the trained tensors (bf16 safetensors) and a ``.json`` sidecar with ``meta``."""
-    from safetensors.torch import save_file
-
-    sd = {k: v.to(torch.bfloat16) for k, v in draft.own_state_dict().items()}
-    if head_tokens is not None:
-        sd["head_tokens"] = head_tokens.to(torch.int32).contiguous()
-    meta = {k: v if isinstance(v, int | float | str) or v is None else str(v)
-            for k, v in (meta or {}).items()}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(sd, str(path), metadata={k: str(v) for k, v in meta.items()})
-    path.with_suffix(".json").write_text(json.dumps(meta, indent=2))
-    return path
+    return write_weights(draft.own_state_dict(), path, meta, head_tokens)
 
 
 def load_feature_draft(target, path: Path = FEATURE_DRAFT_WEIGHTS,
@@ -143,12 +122,8 @@ def load_feature_draft(target, path: Path = FEATURE_DRAFT_WEIGHTS,
         for k, v in draft.body.layers[0].state_dict().items():
             v.copy_(own[f"layer.{k}"].to(v.dtype))
     if head_tokens:
-        if "head_tokens" not in own:
-            raise ValueError(f"{path} has no head_tokens ranking; use head_tokens=0")
-        ranking = own["head_tokens"]
-        if not 0 < head_tokens <= ranking.numel():
-            raise ValueError(f"head_tokens={head_tokens} must lie in [1, {ranking.numel()}]")
-        draft.head = SubsetHead(target.lm_head.weight, ranking[:head_tokens].to(target.device))
+        ranking = head_ranking(own, path, head_tokens).to(target.device)
+        draft.head = SubsetHead(target.lm_head.weight, ranking)
     return draft.eval()
 
 
@@ -191,8 +166,6 @@ class FeatureDrafter:
     @torch.no_grad()
     def _feed(self, ids: torch.Tensor, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Append pairs; return the last position's predicted feature [rows, d] and logits."""
-        import time
-
         t0 = time.perf_counter()
         f = self.draft.features(ids, feats, self.cache)[:, -1]
         logits = self.draft.logits(f)

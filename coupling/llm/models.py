@@ -160,6 +160,15 @@ def load_gemma(dtype: str | torch.dtype = "bfloat16", device: str = "cpu"):
     return model.to(device).eval(), AutoTokenizer.from_pretrained(str(path))
 
 
+def _config_with_layers(config, n_layers: int):
+    """A copy of a decoder config with ``n_layers`` layers (per-layer attention types cut too)."""
+    cfg = config.__class__.from_dict(config.to_dict())
+    cfg.num_hidden_layers = n_layers
+    if getattr(cfg, "layer_types", None) is not None:
+        cfg.layer_types = list(cfg.layer_types)[:n_layers]
+    return cfg
+
+
 def early_exit(model, n_layers: int):
     """The model's first ``n_layers`` decoder layers, then its final norm and head: a naive
     self-draft sharing every tensor (no copy, no training). Works for any HF decoder whose
@@ -167,12 +176,8 @@ def early_exit(model, n_layers: int):
     total = model.config.num_hidden_layers
     if not 1 <= n_layers < total:
         raise ValueError(f"n_layers={n_layers} must lie in [1, {total - 1}]")
-    cfg = model.config.__class__.from_dict(model.config.to_dict())
-    cfg.num_hidden_layers = n_layers
-    if getattr(cfg, "layer_types", None) is not None:
-        cfg.layer_types = list(cfg.layer_types)[:n_layers]
     with torch.device("meta"):
-        draft = model.__class__(cfg)
+        draft = model.__class__(_config_with_layers(model.config, n_layers))
     for name, child in model.model.named_children():
         if name == "layers":
             draft.model.layers = torch.nn.ModuleList(list(child)[:n_layers])
@@ -188,6 +193,13 @@ def load_tokenizer():
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(target_dir()))
+
+
+def chat_prompt(tok, text: str) -> list[int]:
+    """Token ids of ``text`` as one user turn of the chat template, ready for the reply."""
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], tokenize=True,
+                                  add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)  # a BatchEncoding in 5.x
 
 
 def load_target(dtype: str | torch.dtype = "bfloat16", device: str = "cpu"):
@@ -241,12 +253,8 @@ def build_draft(target, spec: DraftSpec):
     if not 0 <= s <= target.config.num_hidden_layers:
         raise ValueError(
             f"spec.shared_layers={s} must lie in [0, {target.config.num_hidden_layers}]")
-    cfg = target.config.__class__.from_dict(target.config.to_dict())
-    cfg.num_hidden_layers = s + spec.n_layers
-    if hasattr(cfg, "layer_types") and cfg.layer_types is not None:
-        cfg.layer_types = list(cfg.layer_types)[: cfg.num_hidden_layers]
     with torch.device("meta"):
-        draft = LlamaForCausalLM(cfg)
+        draft = LlamaForCausalLM(_config_with_layers(target.config, s + spec.n_layers))
     draft = draft.to_empty(device=target.device).to(target.dtype)
     for i in range(s):
         # the very same module: layer i of the target has layer_idx i, as in the draft
@@ -275,7 +283,13 @@ class SubsetHead(torch.nn.Module):
     def __init__(self, full_weight: torch.Tensor, tokens: torch.Tensor) -> None:
         super().__init__()
         self.vocab_size = full_weight.shape[0]
-        self.register_buffer("tokens", tokens.to(torch.long), persistent=False)
+        tokens = tokens.to(torch.long)
+        in_range = tokens.numel() > 0 and 0 <= int(tokens.min()) <= int(tokens.max()) < \
+            self.vocab_size
+        if tokens.ndim != 1 or not in_range or tokens.unique().numel() != tokens.numel():
+            raise ValueError(f"tokens must be distinct ids in [0, {self.vocab_size}); a ranking "
+                             "saved for another vocabulary does not fit this head")
+        self.register_buffer("tokens", tokens, persistent=False)
         # a gathered copy (rows of the shared head), so the matmul reads contiguous memory
         self.register_buffer("weight", full_weight.detach()[self.tokens].clone(), persistent=False)
 
@@ -300,22 +314,42 @@ def own_state_dict(draft, spec: DraftSpec | None = None) -> dict[str, torch.Tens
             if not any(k == p or (p.endswith(".") and k.startswith(p)) for p in prefixes)}
 
 
-def save_draft(draft, spec: DraftSpec, path: Path = DRAFT_WEIGHTS, meta: dict | None = None,
-               head_tokens: torch.Tensor | None = None) -> Path:
-    """Write the draft's own weights (bf16 safetensors) and its spec next to them."""
+def write_weights(own: dict[str, torch.Tensor], path: Path, meta: dict | None = None,
+                  head_tokens: torch.Tensor | None = None, spec: DraftSpec | None = None) -> Path:
+    """Write trained tensors (bf16 safetensors, plus the head's token ranking if given) and a
+    ``.json`` sidecar with ``meta`` (and ``spec``, also kept in the file's header)."""
     from safetensors.torch import save_file
 
-    sd = {k: v.to(torch.bfloat16) for k, v in own_state_dict(draft, spec).items()}
+    sd = {k: v.to(torch.bfloat16) for k, v in own.items()}
     if head_tokens is not None:
         sd["head_tokens"] = head_tokens.to(torch.int32).contiguous()
     path.parent.mkdir(parents=True, exist_ok=True)
     meta = {k: v if isinstance(v, int | float | str) or v is None else str(v)
             for k, v in (meta or {}).items()}
-    header = {"spec": spec.to_json(), **{k: str(v) for k, v in meta.items()}}
+    header = {k: str(v) for k, v in meta.items()}
+    sidecar = dict(meta)
+    if spec is not None:
+        header = {"spec": spec.to_json(), **header}
+        sidecar = {"spec": json.loads(spec.to_json()), **sidecar}
     save_file(sd, str(path), metadata=header)
-    path.with_suffix(".json").write_text(
-        json.dumps({"spec": json.loads(spec.to_json()), **meta}, indent=2))
+    path.with_suffix(".json").write_text(json.dumps(sidecar, indent=2))
     return path
+
+
+def head_ranking(own: dict[str, torch.Tensor], path: Path, head_tokens: int) -> torch.Tensor:
+    """The first ``head_tokens`` tokens of a weights file's ``head_tokens`` ranking."""
+    if "head_tokens" not in own:
+        raise ValueError(f"{path} has no head_tokens ranking; use head_tokens=0")
+    ranking = own["head_tokens"]
+    if not 0 < head_tokens <= ranking.numel():
+        raise ValueError(f"head_tokens={head_tokens} must lie in [1, {ranking.numel()}]")
+    return ranking[:head_tokens]
+
+
+def save_draft(draft, spec: DraftSpec, path: Path = DRAFT_WEIGHTS, meta: dict | None = None,
+               head_tokens: torch.Tensor | None = None) -> Path:
+    """Write the draft's own weights (bf16 safetensors) and its spec next to them."""
+    return write_weights(own_state_dict(draft, spec), path, meta, head_tokens, spec)
 
 
 def load_draft(target, path: Path = DRAFT_WEIGHTS, head_tokens: int | None = 0):
@@ -345,12 +379,7 @@ def load_draft(target, path: Path = DRAFT_WEIGHTS, head_tokens: int | None = 0):
                 param.copy_(own[name].to(param.dtype))
     draft.coupling_spec = spec
     if head_tokens:
-        if "head_tokens" not in own:
-            raise ValueError(f"{path} has no head_tokens ranking; use head_tokens=0")
-        ranking = own["head_tokens"]
-        if not 0 < head_tokens <= ranking.numel():
-            raise ValueError(f"head_tokens={head_tokens} must lie in [1, {ranking.numel()}]")
-        restrict_head(draft, ranking[:head_tokens])
+        restrict_head(draft, head_ranking(own, path, head_tokens))
     return draft.eval()
 
 
