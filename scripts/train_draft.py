@@ -64,6 +64,104 @@ CODE_TASKS = [
 ]
 
 
+# Everyday chat requests of many kinds, for a draft that must generalise to unseen requests:
+# (template, slot values). They share request kinds with the demo prompts
+# (coupling/data/prompts.json: recipes, emails, advice, explanations, stories, code) but no
+# prompt and no subject; diverse_prompts checks the prompts. One template wording slipped
+# through: "Summarize the causes of the Great Depression." opens like the demo's "Summarize
+# the causes of the First World War." (kept: the shipped feature draft was trained on it;
+# tests/test_llm.py pins that it is the only one).
+CHAT_KINDS = [
+    ("How do I make {t}? Give the ingredients and the method.", [
+        "banana bread", "a tomato pasta sauce", "pancakes", "a lentil curry", "guacamole",
+        "fried rice", "an apple pie", "hummus", "a chicken stir-fry", "oatmeal cookies"]),
+    ("Write a polite email to {t}.", [
+        "my landlord about a broken heater", "a colleague asking to swap shifts",
+        "a teacher about my child's absence", "a client to reschedule a meeting",
+        "a shop asking for a refund", "my team announcing a new project",
+        "a professor asking for a recommendation letter", "a friend I have not seen in years"]),
+    ("What matters most when {t}?", [
+        "adopting a dog", "renting my first apartment", "choosing a university",
+        "starting a small business", "planning a trip abroad", "buying a used car",
+        "changing careers", "picking a running shoe"]),
+    ("What are your best tips for {t}?", [
+        "sleeping better", "saving money on groceries", "learning to cook",
+        "public speaking", "keeping houseplants alive", "writing a CV",
+        "running a first marathon", "working from home", "making new friends in a new city"]),
+    ("What is the difference between {t}?", [
+        "a virus and a bacterium", "stocks and bonds", "RAM and storage",
+        "a simile and a metaphor", "baking soda and baking powder", "speed and velocity",
+        "an alligator and a crocodile", "a democracy and a republic"]),
+    ("Why {t}?", [
+        "do leaves change colour in autumn", "does ice float", "do we have seasons",
+        "do cats purr", "does bread rise", "do onions make us cry", "is the ocean salty",
+        "do we dream"]),
+    ("How does {t} work?", [
+        "a microwave oven", "GPS", "a vaccine", "an electric motor", "a credit card",
+        "the heart", "a solar panel", "a search engine", "a bicycle gear", "compound interest"]),
+    ("Summarize {t}.", [
+        "the plot of Romeo and Juliet", "the causes of the Great Depression",
+        "the theory of evolution", "the history of the bicycle", "how the Internet began",
+        "the main ideas of stoicism", "the Industrial Revolution", "the story of the Odyssey"]),
+    ("Tell me a short story about {t}.", [
+        "a robot learning to paint", "a girl who can talk to birds", "a lost umbrella",
+        "two rival bakers", "a time traveller stuck in 1850", "a dragon afraid of fire",
+        "a detective cat", "a village without clocks"]),
+    ("Write a poem about {t}.", [
+        "the first snow", "an old train station", "morning coffee", "the sea at night",
+        "a grandmother's garden", "city lights"]),
+    ("Walk me through {t}.", [
+        "the water cycle", "how a bill becomes a law", "the life of a honey bee",
+        "a typical day of an astronaut", "how glass is made", "the phases of the Moon",
+        "how a volcano erupts", "the rules of chess"]),
+    ("What are the pros and cons of {t}?", [
+        "electric cars", "remote work", "social media", "nuclear power", "homeschooling",
+        "living in a big city", "credit cards", "a four-day work week"]),
+    ("Show me Python code that {t}, with a short explanation.", [
+        "reverses the words in a sentence", "finds the largest number in a list",
+        "counts vowels in a string", "checks whether a number is prime",
+        "removes duplicates from a list", "converts Celsius to Fahrenheit",
+        "sorts a list of dictionaries by a key", "flattens a nested list",
+        "computes the factorial of n", "merges two dictionaries"]),
+    ("Help me plan {t}.", [
+        "a birthday party for a seven-year-old", "a weekend in Rome", "a weekly workout routine",
+        "a vegetable garden", "a study schedule for exams", "a budget for a wedding"]),
+    ("Write a product description for {t}.", [
+        "a waterproof hiking backpack", "a smart coffee mug", "noise-cancelling headphones",
+        "a bamboo cutting board", "a solar-powered lamp", "a children's picture book"]),
+    ("Suggest five names for {t}, and say why each works.", [
+        "a bakery", "a podcast about history", "a hiking club", "a mobile game about space",
+        "a golden retriever puppy", "a vegan restaurant"]),
+    ("What happened during {t}?", [
+        "the Apollo 13 mission", "the fall of the Berlin Wall", "the California Gold Rush",
+        "the Renaissance", "the Boston Tea Party", "the Black Death"]),
+    ("Rewrite this sentence so it sounds more professional: \"{t}\"", [
+        "hey, the report is gonna be late again", "we messed up the order, sorry",
+        "can u send me the files asap", "this idea is kind of bad honestly",
+        "I need a day off cause I'm tired", "the meeting was a total waste of time"]),
+    ("Write a short motivational message for {t}.", [
+        "a friend starting a new job", "students before an exam", "a team that lost a match",
+        "someone learning to swim as an adult", "a nurse after a long shift",
+        "a runner before a race"]),
+    ("Give me advice on {t}.", [
+        "negotiating a salary", "dealing with a difficult coworker", "learning the guitar",
+        "reducing stress", "teaching a child to read", "writing a good essay"]),
+]
+
+
+def diverse_prompts(n: int, seed: int) -> list[str]:
+    """``n`` chat requests from :data:`CHAT_KINDS`, shuffled, each distinct prompt used as
+    evenly as possible (the templated pool of :func:`corpus_prompts` is a separate corpus)."""
+    demo = json.loads((models.DATA_DIR / "prompts.json").read_text())["prompts"]
+    pool = [tpl.format(t=t) for tpl, vals in CHAT_KINDS for t in vals]
+    clash = [p for p in pool if p in demo]
+    if clash:
+        raise ValueError(f"training prompts equal demo prompts: {clash}")
+    rng = random.Random(seed)
+    rng.shuffle(pool)
+    return [pool[i % len(pool)] for i in range(n)]
+
+
 def corpus_prompts(n: int, seed: int) -> list[str]:
     rng = random.Random(seed)
     pool = [tpl.format(t=t) for tpl in TEMPLATES for t in TOPICS]

@@ -23,12 +23,14 @@ Method
 4. Report: held-out mean sum_x min(p, q) at temperature 1 for drafted positions 1 and 2 (p known
    on its top K, so lower bounds), before and after.
 
-Usage: ``python scripts/train_feature_draft.py [--minutes-train 12] [--n-prompts 960]``
+Usage: ``python scripts/train_feature_draft.py [--minutes-train 12] [--n-prompts 960]
+[--prompt-set diverse] [--extra-corpus PATH] [--resume WEIGHTS] [--split prompt]``
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import math
 import random
 import sys
@@ -152,8 +154,15 @@ def main(argv=None) -> int:
     ap.add_argument("--head-tokens", type=int, default=8192)
     ap.add_argument("--seed", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--corpus", type=Path,
-                    default=models.cache_dir() / "feature_corpus_s2_n960.pt")
+    ap.add_argument("--prompt-set", choices=("templated", "diverse"), default="templated",
+                    help="corpus prompts: train_draft.corpus_prompts or .diverse_prompts")
+    ap.add_argument("--corpus", type=Path, default=None,
+                    help="default ~/.cache/coupling/feature_corpus[_diverse]_s{seed}_n{n}.pt")
+    ap.add_argument("--extra-corpus", type=Path, action="append", default=[],
+                    help="train on this saved corpus too (repeatable)")
+    ap.add_argument("--resume", type=Path, default=None, help="start from these weights")
+    ap.add_argument("--split", choices=("prompt", "random"), default="prompt",
+                    help="held-out sequences: whole prompts unseen in training, or any 24")
     ap.add_argument("--corpus-only", action="store_true")
     ap.add_argument("--out", type=Path, default=FD.FEATURE_DRAFT_WEIGHTS)
     args = ap.parse_args(argv)
@@ -163,13 +172,18 @@ def main(argv=None) -> int:
     torch.manual_seed(args.seed)
     target = models.load_target("bfloat16")
     tok = models.load_tokenizer()
+    if args.corpus is None:
+        tag = "_diverse" if args.prompt_set == "diverse" else ""
+        args.corpus = models.cache_dir() / f"feature_corpus{tag}_s{args.seed}_n{args.n_prompts}.pt"
     if args.corpus.is_file():
         data = torch.load(args.corpus)
         print(f"loaded corpus {args.corpus}: {len(data)} sequences")
     else:
         t0 = time.perf_counter()
+        prompts = (train_draft.diverse_prompts if args.prompt_set == "diverse"
+                   else train_draft.corpus_prompts)(args.n_prompts, args.seed)
         data = train_draft.generate_corpus(
-            target, tok, train_draft.corpus_prompts(args.n_prompts, args.seed), args.new_tokens,
+            target, tok, prompts, args.new_tokens,
             args.batch, args.top_k, args.seed, temperature=0.7, sample_top_k=50,
             sample_top_p=0.95)
         t1 = time.perf_counter()
@@ -178,6 +192,10 @@ def main(argv=None) -> int:
               f"{time.perf_counter() - t1:.0f} s")
         args.corpus.parent.mkdir(parents=True, exist_ok=True)
         torch.save(data, args.corpus)
+    for extra in args.extra_corpus:
+        more = torch.load(extra)
+        print(f"loaded corpus {extra}: {len(more)} sequences")
+        data = data + more
     data = [s for s in data if s["n_prompt"] >= 2 and s["idx"].shape[0] >= 1]
     n_tok = sum(int(s["idx"].shape[0]) for s in data)
     print(f"corpus: {n_tok} target positions")
@@ -195,10 +213,29 @@ def main(argv=None) -> int:
 
     rng = random.Random(args.seed)
     rng.shuffle(data)
-    held, train = data[:24], data[24:]
+    if args.split == "random":
+        held, train = data[:24], data[24:]
+    else:
+        # whole prompts out: the corpus samples each prompt several times, so a random split
+        # would score the draft on prompts it was trained on
+        prompt_of = [tuple(s["ids"][:s["n_prompt"]].tolist()) for s in data]
+        count = collections.Counter(prompt_of)
+        out: set = set()
+        for key in prompt_of:
+            if sum(count[k] for k in out) >= 24:
+                break
+            out.add(key)
+        held = [s for s, k in zip(data, prompt_of, strict=True) if k in out]
+        train = [s for s, k in zip(data, prompt_of, strict=True) if k not in out]
+    print(f"split {args.split}: {len(held)} held-out, {len(train)} training sequences")
     held_batch = pad_batch(held)
 
     draft = FD.FeatureDraft(target)
+    if args.resume is not None:
+        start = FD.load_feature_draft(target, args.resume)
+        with torch.no_grad():
+            draft.fc.load_state_dict(start.fc.state_dict())
+            draft.body.layers[0].load_state_dict(start.body.layers[0].state_dict())
     draft.fc.float()
     draft.body.layers[0].float()
     draft.body.norm.float()   # the shared norm, in float32 for training (restored below)
@@ -244,6 +281,8 @@ def main(argv=None) -> int:
     draft.body.norm.to(torch.bfloat16)
     draft.body.embed_tokens.to(torch.bfloat16)
     meta = {"steps": step, "corpus_sequences": len(data), "corpus_positions": n_tok,
+            "split": args.split, "heldout_sequences": len(held),
+            "resumed_from": str(args.resume) if args.resume else None,
             "heldout_overlap_pos1_before": round(before[0], 4),
             "heldout_overlap_pos2_before": round(before[1], 4),
             "heldout_overlap_pos1_after": round(after[0], 4),

@@ -439,3 +439,24 @@ def test_draft_weight_files_round_trip(tmp_path):
     models.save_draft(draft, spec, tmp_path / "n.safetensors")  # no ranking stored
     with pytest.raises(ValueError, match="no head_tokens ranking"):
         models.load_draft(target, tmp_path / "n.safetensors", head_tokens=2)
+
+
+def test_draft_training_prompts_are_disjoint_from_the_demo_prompts():
+    """The drafts are measured on the demo prompts: no training prompt may be one of them, and
+    the diverse chat set (feature draft, stage 2) shares a 4-word opening with exactly one of
+    them (documented in scripts/train_draft.py; the shipped draft was trained on it)."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("train_draft", root / "scripts/train_draft.py")
+    td = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(td)
+    demo = json.loads((root / "coupling/data/prompts.json").read_text())["prompts"]
+    diverse = td.diverse_prompts(640, 3)
+    assert len(set(diverse)) >= 150
+    assert not set(demo) & (set(diverse) | set(td.corpus_prompts(960, 2)))
+    prefix = {" ".join(d.split()[:4]) for d in demo}
+    shared = {p for p in set(diverse) if " ".join(p.split()[:4]) in prefix}
+    assert shared == {"Summarize the causes of the Great Depression."}

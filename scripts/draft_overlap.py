@@ -1,0 +1,94 @@
+#!/usr/bin/env python
+"""Teacher-forced overlap of the shipped drafts with the SmolLM2 target, on text of two kinds.
+
+For each text, the target reads it once (its laws p_j and final hidden states f_j); the
+token-level draft reads it once (its laws q_j); the feature draft reads the pairs
+(x_j, f_{j-1}) (its laws for the first drafted position, as at run time). Reported: the mean
+over generated positions of alpha_j = sum_x min(p_j, q_j), at temperature 1 and with the demo's
+sampling transforms (T = 0.7, top-k 50, top-p 0.95) applied to both laws. alpha at drafted
+position 1 is what token verification accepts there, so it predicts the demo's acceptance.
+
+Texts:
+* ``demo``: the target's own answers (demo settings, seed = prompt index) to the demo prompts
+  (``coupling/data/prompts.json``), which no draft was trained on;
+* ``corpus PATH``: sequences of a saved training corpus (``--corpus``; the first ``--n``).
+
+A gap between the two measures how far the drafts generalise beyond their training prompts.
+
+Usage: ``python scripts/draft_overlap.py [--prompts 8] [--tokens 96] [--corpus PATH --n 16]``
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import torch
+
+from coupling.llm import demo, models
+from coupling.llm import engine as E
+from coupling.llm import feature_draft as FD
+from coupling.llm.sampling import SamplingConfig, probs
+
+CFGS = {"T=1": SamplingConfig(1.0), "demo": SamplingConfig(0.7, 50, 0.95)}
+
+
+@torch.no_grad()
+def overlaps(target, token_draft, feature_draft, ids: torch.Tensor, n_prompt: int) -> dict:
+    """alpha_j per generated position for both drafts and both sampling settings."""
+    ids = ids[None]
+    out = target(ids, output_hidden_states=True)
+    f = out.hidden_states[-1]
+    laws = {"token": token_draft(ids).logits[0, 1:],                          # x_2 .. x_n
+            "feature": feature_draft.logits(feature_draft.features(ids[:, 1:], f[:, :-1]))[0]}
+    p_logits = out.logits[0, 1:]
+    gen = slice(n_prompt - 1, None)          # laws of the generated tokens only
+    res = {}
+    for name, c in CFGS.items():
+        p = probs(p_logits[gen].float(), c)
+        for d, q_logits in laws.items():
+            res[(d, name)] = torch.minimum(p, probs(q_logits[gen].float(), c)).sum(-1)
+    return res
+
+
+def report(label: str, target, token_draft, feature_draft, texts) -> dict:
+    acc: dict = {}
+    for ids, n_prompt in texts:
+        for k, v in overlaps(target, token_draft, feature_draft, ids, n_prompt).items():
+            acc.setdefault(k, []).append(v)
+    means = {f"{d} {c}": float(torch.cat(v).mean()) for (d, c), v in acc.items()}
+    n = sum(len(v) for v in acc[("token", "T=1")])
+    print(f"{label} ({n} positions): " + ", ".join(f"{k} {v:.3f}" for k, v in means.items()))
+    return means
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--tokens", type=int, default=96)
+    ap.add_argument("--corpus", type=Path, action="append", default=[])
+    ap.add_argument("--n", type=int, default=16, help="sequences per corpus")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    target = models.load_target("bfloat16")
+    tok = models.load_tokenizer()
+    token_draft = models.load_draft(target, head_tokens=8192)
+    feature_draft = FD.load_feature_draft(target, head_tokens=8192)
+    texts = []
+    for j, text in enumerate(demo.load_prompts()[: args.prompts]):
+        prompt = models.chat_prompt(tok, text)
+        res = E.autoregressive(target, prompt, max_new_tokens=args.tokens, cfg=CFGS["demo"],
+                               seed=j)
+        texts.append((torch.tensor(prompt + res.tokens), len(prompt)))
+    report("demo prompts", target, token_draft, feature_draft, texts)
+    for path in args.corpus:
+        data = torch.load(path)[: args.n]
+        report(f"corpus {path.name}", target, token_draft, feature_draft,
+               [(s["ids"], s["n_prompt"]) for s in data])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
