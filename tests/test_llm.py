@@ -393,13 +393,16 @@ def test_early_exit_is_the_first_layers_then_norm_and_head():
         models.early_exit(target, 3)
 
 
-def test_draft_weight_files_round_trip(tmp_path):
+def test_draft_weight_files_round_trip(tmp_path, monkeypatch):
     """save_draft / save_feature_draft then load_*: the same tensors (at bf16), the same subset
     head, the spec and meta in the sidecar; a bad head_tokens request is a clear error."""
     import json
 
     from coupling.llm import models
 
+    # the environment names the default file only: an explicit path always wins
+    monkeypatch.setenv("COUPLING_DRAFT", str(tmp_path / "missing.safetensors"))
+    monkeypatch.setenv("COUPLING_FEATURE_DRAFT", str(tmp_path / "missing.safetensors"))
     target = tiny_llama(5, layers=3)
     ranking = torch.tensor([7, 3, 9, 0, 5])
     spec = models.DraftSpec(1, (2,))
@@ -434,6 +437,10 @@ def test_draft_weight_files_round_trip(tmp_path):
             .flatten().tolist() == [3, 7]
     with pytest.raises(ValueError, match="head_tokens=6"):
         FD.load_feature_draft(target, fpath, head_tokens=6)
+    with pytest.raises(FileNotFoundError, match="missing"):
+        FD.load_feature_draft(target)
+    with pytest.raises(FileNotFoundError, match="missing"):
+        models.load_draft(target)
     with pytest.raises(ValueError, match="tokens"):
         models.SubsetHead(target.lm_head.weight, torch.tensor([1, 10]))   # V = 10
     models.save_draft(draft, spec, tmp_path / "n.safetensors")  # no ranking stored

@@ -100,13 +100,16 @@ def save_feature_draft(draft: FeatureDraft, path: Path = FEATURE_DRAFT_WEIGHTS,
     return write_weights(draft.own_state_dict(), path, meta, head_tokens)
 
 
-def load_feature_draft(target, path: Path = FEATURE_DRAFT_WEIGHTS,
+def load_feature_draft(target, path: Path | None = None,
                        head_tokens: int | None = 0) -> FeatureDraft:
-    """Rebuild the shipped feature draft on ``target``; ``head_tokens`` > 0 restricts its head
-    to that many tokens of the file's ranking (as :func:`coupling.llm.models.load_draft`)."""
+    """Rebuild a feature draft on ``target`` from ``path`` (default: ``$COUPLING_FEATURE_DRAFT``,
+    else the shipped weights); ``head_tokens`` > 0 restricts its head to that many tokens of the
+    file's ranking (as :func:`coupling.llm.models.load_draft`)."""
     from safetensors import safe_open
 
-    path = Path(os.environ.get("COUPLING_FEATURE_DRAFT", path))
+    if path is None:
+        path = Path(os.environ.get("COUPLING_FEATURE_DRAFT", FEATURE_DRAFT_WEIGHTS))
+    path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"feature-draft weights {path} are missing; reproduce them with "
                                 "`python scripts/train_feature_draft.py`")

@@ -352,8 +352,9 @@ def save_draft(draft, spec: DraftSpec, path: Path = DRAFT_WEIGHTS, meta: dict | 
     return write_weights(own_state_dict(draft, spec), path, meta, head_tokens, spec)
 
 
-def load_draft(target, path: Path = DRAFT_WEIGHTS, head_tokens: int | None = 0):
-    """Rebuild the trained draft on top of ``target`` (shared embeddings / norm / head).
+def load_draft(target, path: Path | None = None, head_tokens: int | None = 0):
+    """Rebuild a trained draft on top of ``target`` (shared embeddings / norm / head) from
+    ``path`` (default: ``$COUPLING_DRAFT``, else the shipped weights).
 
     ``head_tokens``: 0 keeps the full LM head; n > 0 restricts it to the first n tokens of the
     file's ``head_tokens`` ranking (tokens by target mass on the training corpus), see
@@ -361,8 +362,10 @@ def load_draft(target, path: Path = DRAFT_WEIGHTS, head_tokens: int | None = 0):
     """
     from safetensors import safe_open
 
-    path = Path(os.environ.get("COUPLING_DRAFT", path))
-    if not Path(path).is_file():
+    if path is None:
+        path = Path(os.environ.get("COUPLING_DRAFT", DRAFT_WEIGHTS))
+    path = Path(path)
+    if not path.is_file():
         raise FileNotFoundError(
             f"draft weights {path} are missing; reproduce them with `python scripts/train_draft.py`"
         )
