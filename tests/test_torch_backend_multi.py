@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from coupling import block as nb
@@ -606,6 +606,10 @@ def _instances(draw):
 # coupling.block divides p/q in numpy (q may be 1e-300 here: inf, then min(1, inf) = 1)
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 @given(_instances())
+# found by hypothesis in CI: kseq's residual is exactly 0 on token 0 and the two backends
+# rounded it to opposite signs, so sample_u = 0 picked different tokens
+@example((np.array([[0.5, 0.5], [1.0, 0.0]]), np.array([[1.0, 0.0]]), np.array([[0], [0]]),
+          np.array([[0.5, 0.5]]), np.array([0.0, 0.0])))
 def test_property_coin_for_coin_with_numpy(inst):
     """Hypothesis instances with zeros/ties: token and block (branch 0) decide exactly like
     coupling.block; at offset 0 the multi-draft rules emit exactly coupling.rules' output."""

@@ -75,6 +75,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..rules.kseq import RESIDUAL_ULPS as _KSEQ_RESIDUAL_ULPS
 from ._common import Verdict, assemble, check_inputs, coin_uniforms, sample_rows, sample_uniforms
 from .rng import gumbel_noise
 
@@ -274,8 +275,11 @@ def _kseq_step(p_i, q_i, x, alive, coins, u, i, act):
     low = torch.minimum(q64, p64 / rho.unsqueeze(1))  # [B, V] min(q, p / rho)
     beta = low.sum(-1, keepdim=True)
     c = _geometric_c(beta, m.clamp(min=1).to(torch.float64).unsqueeze(1), max(int(m.max()), 1))
-    # clamp: rounding leaves -1e-17 where the residual is exactly 0 in exact arithmetic
-    res = torch.where(beta > 0, (p64 - c * low).clamp_(min=0.0), p64)
+    # exact zeros of the residual come out as +-1e-17: within 64 ulps of p(x) they count as 0,
+    # as in coupling.rules.kseq._residual (the two backends then agree on the support)
+    r = p64 - c * low
+    r = torch.where(r > _KSEQ_RESIDUAL_ULPS * torch.finfo(torch.float64).eps * p64, r, 0.0)
+    res = torch.where(beta > 0, r, p64)
     return torch.where(decided, y, sample_rows(res, u, fallback=p64))
 
 
