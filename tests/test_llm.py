@@ -24,6 +24,7 @@ from coupling.llm import feature_draft as FD
 from coupling.llm import predict as P
 from coupling.llm import rules_adapter
 from coupling.llm.sampling import SamplingConfig, probs
+from tests.llm_helpers import fresh_feature_law, record_first_laws
 
 V = 10
 
@@ -287,25 +288,14 @@ def test_feature_drafter_state_matches_fresh_recomputation(pair, rule, k):
         draft.fc.weight.normal_(0, 0.3)  # not the identity-like init: exercise the fc path
     fd = FD.FeatureDrafter(draft)
     cfg = SamplingConfig(1.0)
-    seen = []
-    propose = fd.propose
-
-    def recording(seq, *a, **kw):
-        t, q = propose(seq, *a, **kw)
-        seen.append((list(seq), q[0, 0].double()))
-        return t, q
-
-    fd.propose = recording
+    seen = record_first_laws(fd)
     res = E.generate(target, fd, PROMPT, max_new_tokens=24, rule=rule, gamma=3, k=k, cfg=cfg,
                      seed=1)
     assert any(s.accepted < s.drafted for s in res.steps)
     assert len(seen) >= 4
     for seq, q in seen:
-        with torch.no_grad():
-            f = target(torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states[-1]
-            fresh = probs(draft.logits(draft.features(torch.tensor([seq[1:]]), f)[:, -1]),
-                          cfg)[0].double()
-        torch.testing.assert_close(q, fresh, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(q, fresh_feature_law(target, draft, seq, cfg), atol=1e-5,
+                                   rtol=1e-4)
 
 
 @pytest.mark.slow

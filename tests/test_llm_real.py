@@ -27,6 +27,7 @@ from coupling.llm import engine as E
 from coupling.llm import feature_draft as FD
 from coupling.llm import models, rules_adapter
 from coupling.llm.sampling import SamplingConfig, probs
+from tests.llm_helpers import fresh_feature_law, record_first_laws
 
 pytestmark = pytest.mark.slow
 
@@ -99,24 +100,13 @@ def test_feature_drafter_laws_match_fresh_recomputation_float32(real, real32, ru
     draft = FD.load_feature_draft(target, head_tokens=8192)
     drafter = FD.FeatureDrafter(draft)
     cfg = SamplingConfig(1.0)
-    seen = []
-    propose = drafter.propose
-
-    def recording(seq, *a, **kw):
-        t, q = propose(seq, *a, **kw)
-        seen.append((list(seq), q[0, 0].double()))
-        return t, q
-
-    drafter.propose = recording
+    seen = record_first_laws(drafter)
     res = E.generate(target, drafter, prompt, max_new_tokens=30, rule=rule, gamma=3, k=k,
                      cfg=cfg, seed=0)
     assert any(s.accepted < s.drafted for s in res.steps), "no rejection: rollback untested"
     assert any(s.accepted > 0 for s in res.steps), "nothing accepted: the draft is not loaded"
     for seq, q in seen:
-        with torch.no_grad():
-            f = target(torch.tensor([seq[:-1]]), output_hidden_states=True).hidden_states[-1]
-            fh = draft.features(torch.tensor([seq[1:]]), f)[:, -1]
-            fresh = probs(draft.logits(fh), cfg)[0].double()
+        fresh = fresh_feature_law(target, draft, seq, cfg)
         assert 0.5 * (fresh - q).abs().sum().item() < 1e-4
 
 
