@@ -3,7 +3,8 @@
 
 Part 1 (costs): median wall time of one target forward on n new tokens (n = 1, 2, 3, 4, 5, 8,
 16, and k x (gamma+1) batched) at context 100, and of one draft forward (batch 1, 2, 4; the
-feature-level draft at batch 1, 2), in the model dtype (bf16 by default): the cost ratio
+feature-level draft at batch 1, 2; each restricted draft head also with weight-only int8, as
+the demo runs the drafts), in the model dtype (bf16 by default): the cost ratio
 c = draft step / target step, and the speedup ceiling BE x t(1 token) / t(gamma + 1 tokens)
 that even a free draft and a free engine could not beat.
 
@@ -70,18 +71,20 @@ def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9,
     if small is not None:
         for B in (1, 4):
             out["draft_ms"][f"B{B}_n1 head {head_tokens}"] = med(small, B, 1)
+        models.quantize_draft_int8(small)
+        for B in (1, 4):
+            out["draft_ms"][f"B{B}_n1 head {head_tokens} int8"] = med(small, B, 1)
     from coupling.llm import feature_draft as FD
 
     if FD.FEATURE_DRAFT_WEIGHTS.is_file():
-        fd = FD.load_feature_draft(target, head_tokens=head_tokens)
         d = target.config.hidden_size
 
-        def med_feature(B):
+        def med_feature(fd, B):
             ids = torch.randint(0, 49152, (B, ctx), generator=g)
             f = torch.randn(B, ctx, d, generator=g).to(target.dtype)
             x, fx = ids[:, :1], f[:, :1]
             with torch.no_grad():
-                c = DynamicCache()
+                c = FD.PairCache()          # the drafter's cache and its lean layer
                 fd.features(ids, f, c)
                 ts = []
                 for _ in range(reps):
@@ -91,8 +94,13 @@ def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9,
                     c.crop(-1)
             return 1e3 * sorted(ts)[len(ts) // 2]
 
+        fd = FD.load_feature_draft(target, head_tokens=head_tokens)
         for B in (1, 2):
-            out["draft_ms"][f"feature B{B}_n1 head {head_tokens or 'full'}"] = med_feature(B)
+            out["draft_ms"][f"feature B{B}_n1 head {head_tokens or 'full'}"] = med_feature(fd, B)
+        fd.quantize_int8()
+        for B in (1, 2):
+            out["draft_ms"][f"feature B{B}_n1 head {head_tokens or 'full'} int8"] = \
+                med_feature(fd, B)
     out["draft_over_target"] = out["draft_ms"]["B1_n1"] / out["target_ms"]["B1_n1"]
     return out
 

@@ -15,7 +15,8 @@ Texts:
 
 A gap between the two measures how far the drafts generalise beyond their training prompts.
 
-Usage: ``python scripts/draft_overlap.py [--prompts 8] [--tokens 96] [--corpus PATH --n 16]``
+Usage: ``python scripts/draft_overlap.py [--prompts 8] [--tokens 96] [--corpus PATH --n 16]
+[--int8]``
 """
 
 from __future__ import annotations
@@ -69,13 +70,17 @@ def main(argv=None) -> int:
     ap.add_argument("--corpus", type=Path, action="append", default=[])
     ap.add_argument("--n", type=int, default=16, help="sequences per corpus")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--int8", action="store_true",
+                    help="both drafts with weight-only int8 weights (as the demo runs them)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     target = models.load_target("bfloat16")
     tok = models.load_tokenizer()
     token_draft = models.load_draft(target, head_tokens=8192)
-    feature_draft = FD.load_feature_draft(target, head_tokens=8192)
+    if args.int8:
+        models.quantize_draft_int8(token_draft)
+    feature_draft = FD.load_feature_draft(target, head_tokens=8192, int8=args.int8)
     texts = []
     for j, text in enumerate(demo.load_prompts()[: args.prompts]):
         prompt = models.chat_prompt(tok, text)

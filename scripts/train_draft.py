@@ -149,11 +149,95 @@ CHAT_KINDS = [
 ]
 
 
-def diverse_prompts(n: int, seed: int) -> list[str]:
-    """``n`` chat requests from :data:`CHAT_KINDS`, shuffled, each distinct prompt used as
-    evenly as possible (the templated pool of :func:`corpus_prompts` is a separate corpus)."""
+# A second, disjoint set of request kinds (feature draft, stage 3): no template, prompt or
+# 4-word opening in common with the demo prompts (tests/test_llm.py checks it).
+CHAT_KINDS_2 = [
+    ("Describe {t} to someone who has never seen it.", [
+        "snow", "the ocean", "a rainforest", "a desert at night", "a busy train station",
+        "the Northern Lights", "a thunderstorm", "a coral reef"]),
+    ("Explain {t} to a ten-year-old.", [
+        "photosynthesis", "gravity", "how money works", "what a computer program is",
+        "why we need sleep", "how airplanes fly", "what DNA is", "how the Moon causes tides"]),
+    ("Compare {t} and tell me which you would choose.", [
+        "tea and coffee", "trains and planes for a 500 km trip", "renting and buying a home",
+        "paper books and e-readers", "a gym membership and home workouts",
+        "cats and dogs as pets", "public transport and cycling to work",
+        "a gas stove and an induction hob"]),
+    ("Write a haiku about {t}.", [
+        "autumn leaves", "a sleepy cat", "rain on a window", "the last train home",
+        "a mountain lake", "fresh bread", "a full moon", "the first day of spring"]),
+    ("Write a thank-you note to {t}.", [
+        "a neighbour who watered my plants", "a mentor who helped me find a job",
+        "my grandparents for a birthday gift", "a nurse who cared for my father",
+        "a bus driver who found my wallet", "a coach at the end of the season"]),
+    ("What is {t}, and why does it matter?", [
+        "inflation", "biodiversity", "the ozone layer", "a credit score", "net neutrality",
+        "herd immunity", "the placebo effect", "supply and demand"]),
+    ("Give me a step-by-step guide to {t}.", [
+        "changing a flat tyre", "setting up a home Wi-Fi network", "planting tomatoes",
+        "ironing a shirt", "making a paper airplane", "cleaning a cast-iron pan", "tying a tie",
+        "repotting a plant"]),
+    ("Write a JavaScript function that {t}, and explain how it works.", [
+        "capitalises every word in a string", "returns the sum of an array",
+        "checks if two strings are anagrams", "shuffles an array",
+        "counts the characters in a string", "debounces another function"]),
+    ("Write a SQL query that {t}.", [
+        "finds the ten best-selling products", "counts orders per customer",
+        "lists employees hired this year", "finds duplicate email addresses",
+        "computes the average salary by department", "joins orders with customers"]),
+    ("Tell me three interesting facts about {t}.", [
+        "octopuses", "the planet Mars", "honey", "the Great Wall of China", "penguins",
+        "the human brain", "the Amazon river", "bamboo"]),
+    ("I feel {t}. What can I do?", [
+        "nervous before job interviews", "lonely after moving to a new town",
+        "overwhelmed by my to-do list", "bored at work", "tired every afternoon",
+        "stuck on my novel"]),
+    ("Write a bedtime story about {t}.", [
+        "a sleepy bear", "a star that fell into a garden", "a brave little boat",
+        "a mouse who wanted to fly", "a moon that lost its glow", "a kind giant"]),
+    ("Create a {t}.", [
+        "quiz with five questions about the solar system",
+        "shopping list for a week of healthy dinners", "packing list for a camping trip",
+        "morning routine for a busy parent", "checklist for moving house",
+        "reading list for someone new to science fiction"]),
+    ("What would happen if {t}?", [
+        "the Moon disappeared", "everyone stopped driving cars for a year",
+        "humans could breathe underwater", "the Internet went down for a week",
+        "bees went extinct", "the Earth stopped spinning"]),
+    ("Write a short speech for {t}.", [
+        "a best friend's wedding", "a school graduation", "a retirement party",
+        "the opening of a library", "a charity fundraiser", "an award ceremony"]),
+    ("How can I improve {t}?", [
+        "my handwriting", "my memory", "my posture at the desk", "my chess game",
+        "my photography", "my cooking skills"]),
+    ("Write a review of {t}.", [
+        "a cosy Italian restaurant", "a new smartphone", "a long train journey",
+        "a science museum", "a mystery novel", "a budget hotel"]),
+    ("Write a dialogue between {t}.", [
+        "a customer and a barista", "a teacher and a curious student",
+        "two astronauts on Mars", "a detective and a suspect",
+        "a grandparent and a grandchild", "a chef and a food critic"]),
+    ("Outline an essay about {t}.", [
+        "the importance of sleep", "climate change and farming",
+        "the history of the printing press", "why art matters", "the future of space travel",
+        "the role of libraries"]),
+    ("What are common mistakes when {t}, and how do I avoid them?", [
+        "learning to drive", "baking bread", "writing a cover letter", "starting to run",
+        "painting a room", "taking photos with a phone"]),
+    ("Describe a typical day in the life of {t}.", [
+        "a farmer", "a zookeeper", "a firefighter", "a Roman soldier", "a medieval baker",
+        "a marine biologist"]),
+]
+
+PROMPT_SETS = {"diverse": CHAT_KINDS, "diverse2": CHAT_KINDS_2}
+
+
+def diverse_prompts(n: int, seed: int, kinds: list | None = None) -> list[str]:
+    """``n`` chat requests from ``kinds`` (default :data:`CHAT_KINDS`), shuffled, each distinct
+    prompt used as evenly as possible (the templated pool of :func:`corpus_prompts` is a
+    separate corpus)."""
     demo = json.loads((models.DATA_DIR / "prompts.json").read_text())["prompts"]
-    pool = [tpl.format(t=t) for tpl, vals in CHAT_KINDS for t in vals]
+    pool = [tpl.format(t=t) for tpl, vals in (kinds or CHAT_KINDS) for t in vals]
     clash = [p for p in pool if p in demo]
     if clash:
         raise ValueError(f"training prompts equal demo prompts: {clash}")

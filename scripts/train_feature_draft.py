@@ -154,10 +154,12 @@ def main(argv=None) -> int:
     ap.add_argument("--head-tokens", type=int, default=8192)
     ap.add_argument("--seed", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--prompt-set", choices=("templated", "diverse"), default="templated",
-                    help="corpus prompts: train_draft.corpus_prompts or .diverse_prompts")
+    ap.add_argument("--prompt-set", choices=("templated", "diverse", "diverse2"),
+                    default="templated",
+                    help="corpus prompts: train_draft.corpus_prompts, or .diverse_prompts over "
+                         "CHAT_KINDS (diverse) or CHAT_KINDS_2 (diverse2)")
     ap.add_argument("--corpus", type=Path, default=None,
-                    help="default ~/.cache/coupling/feature_corpus[_diverse]_s{seed}_n{n}.pt")
+                    help="default ~/.cache/coupling/feature_corpus[_{prompt set}]_s{seed}_n{n}.pt")
     ap.add_argument("--extra-corpus", type=Path, action="append", default=[],
                     help="train on this saved corpus too (repeatable)")
     ap.add_argument("--resume", type=Path, default=None, help="start from these weights")
@@ -173,15 +175,18 @@ def main(argv=None) -> int:
     target = models.load_target("bfloat16")
     tok = models.load_tokenizer()
     if args.corpus is None:
-        tag = "_diverse" if args.prompt_set == "diverse" else ""
+        tag = "" if args.prompt_set == "templated" else f"_{args.prompt_set}"
         args.corpus = models.cache_dir() / f"feature_corpus{tag}_s{args.seed}_n{args.n_prompts}.pt"
     if args.corpus.is_file():
         data = torch.load(args.corpus)
         print(f"loaded corpus {args.corpus}: {len(data)} sequences")
     else:
         t0 = time.perf_counter()
-        prompts = (train_draft.diverse_prompts if args.prompt_set == "diverse"
-                   else train_draft.corpus_prompts)(args.n_prompts, args.seed)
+        if args.prompt_set == "templated":
+            prompts = train_draft.corpus_prompts(args.n_prompts, args.seed)
+        else:
+            prompts = train_draft.diverse_prompts(args.n_prompts, args.seed,
+                                                  train_draft.PROMPT_SETS[args.prompt_set])
         data = train_draft.generate_corpus(
             target, tok, prompts, args.new_tokens,
             args.batch, args.top_k, args.seed, temperature=0.7, sample_top_k=50,

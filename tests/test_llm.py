@@ -277,15 +277,19 @@ def test_feature_drafter_is_lossless(pair, rule, k):
     assert chi2_pvalue(counts, law) > 1e-3
 
 
-@pytest.mark.parametrize("rule,k", [("token", 1), ("rrs", 2), ("kseq", 3)])
-def test_feature_drafter_state_matches_fresh_recomputation(pair, rule, k):
-    """Incremental target features + a draft cache cropped to true-feature pairs give the
-    same first-position law as recomputing everything on the committed text."""
+@pytest.mark.parametrize("rule,k,int8", [("token", 1, False), ("rrs", 2, False),
+                                          ("kseq", 3, False), ("token", 1, True)])
+def test_feature_drafter_state_matches_fresh_recomputation(pair, rule, k, int8):
+    """Incremental target features + a draft cache cropped to true-feature pairs (the lean
+    layer on a PairCache) give the same first-position law as recomputing everything on the
+    committed text through the Hugging Face body; with int8 weights too."""
     target, _ = pair
     torch.manual_seed(7)
     draft = FD.FeatureDraft(target).eval()
     with torch.no_grad():
         draft.fc.weight.normal_(0, 0.3)  # not the identity-like init: exercise the fc path
+    if int8:
+        draft.quantize_int8()
     fd = FD.FeatureDrafter(draft)
     cfg = SamplingConfig(1.0)
     seen = record_first_laws(fd)
@@ -355,6 +359,122 @@ def test_top_p_fast_path_equals_full_sort():
             ref = torch.stack([torch.tensor(np_reference(np.log(r.numpy()), 1.0, 0, top_p))
                                for r in pr])
             torch.testing.assert_close(fast.double(), ref, atol=1e-9, rtol=0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(-3, 3), min_size=12, max_size=80), st.integers(1, 11),
+       st.sampled_from([1.0, 0.9, 0.5]))
+def test_top_k_window_path_keeps_every_tie_like_the_reference(vals, k, top_p):
+    """Integer logits tie everywhere (bf16 logits tie often): the windowed top-k path, or its
+    fallback when a tie run outgrows the window, keeps every entry tied with the k-th."""
+    from coupling.llm import sampling
+
+    x = torch.tensor([vals], dtype=torch.float64)
+    ref = np_reference(x[0].numpy(), 1.0, k, 1.0)
+    for window in (1, 3, 32):
+        fast = sampling._probs_top_k(x, SamplingConfig(1.0, k, 1.0), window=window)
+        if fast is not None:
+            np.testing.assert_allclose(fast[0].numpy(), ref, atol=1e-12)
+    got = probs(x, SamplingConfig(1.0, k, top_p))[0].double().numpy()   # float32 inside
+    kept = set(np.flatnonzero(got))
+    assert kept <= set(np.flatnonzero(ref))
+    if top_p == 1.0:
+        np.testing.assert_allclose(got, ref, atol=1e-6)
+    else:  # the nucleus: smallest prefix of the (tie-broken) order reaching top_p
+        assert ref[list(kept)].sum() >= top_p - 1e-6
+        assert ref[list(kept)].sum() - ref[list(kept)].min() < top_p + 1e-6
+
+
+def test_top_k_window_path_falls_back_on_a_long_tie_run():
+    from coupling.llm import sampling
+
+    x = torch.zeros(1, 100)
+    x[0, :3] = 1.0                                   # 3 leaders, then 97 ties at 0
+    assert sampling._probs_top_k(x, SamplingConfig(1.0, 5, 1.0), window=8) is None
+    pr = probs(x, SamplingConfig(1.0, 5, 1.0))[0]
+    assert int((pr > 0).sum()) == 100                 # every tied entry kept, as the reference
+
+
+def test_int8_linear_rounds_per_row_and_never_touches_shared_modules():
+    """Int8Linear: each weight within half a step of its row's scale; the product equals a
+    linear layer with the dequantised weight (kernel or fallback); quantising a draft leaves
+    the target's (shared) embeddings, norm and head untouched."""
+    from coupling.llm import models
+
+    torch.manual_seed(0)
+    for out_f, in_f in ((24, 16), (7, 5), (10, 24)):   # kernel-friendly and fallback shapes
+        lin = torch.nn.Linear(in_f, out_f)
+        q = models.Int8Linear.from_linear(lin)
+        w = lin.weight.detach()
+        err = (q.dequantized() - w).abs()
+        assert bool((err <= q.scale[:, None] / 2 + 1e-7).all())
+        assert int(q.qweight.abs().max()) == 127        # every row uses its full range
+        x = torch.randn(2, 3, in_f)
+        want = torch.nn.functional.linear(x, q.dequantized(), lin.bias.detach())
+        torch.testing.assert_close(q(x), want, atol=1e-5, rtol=1e-5)
+        assert (q.dense is None) == (in_f % 16 == 0)
+
+    target = tiny_llama(6, layers=2)
+    ids = torch.tensor([[1, 4, 2, 7]])
+    with torch.no_grad():
+        before = target(ids).logits.clone()
+    spec = models.DraftSpec(1, (1,))
+    draft = models.quantize_draft_int8(models.build_draft(target, spec))
+    fd = FD.FeatureDraft(target).quantize_int8()
+    assert isinstance(target.lm_head, torch.nn.Linear) and type(fd.head) is models.Int8Linear
+    assert draft.lm_head is not target.lm_head and fd.head is not target.lm_head
+    assert draft.model.embed_tokens is target.model.embed_tokens
+    with torch.no_grad():
+        torch.testing.assert_close(target(ids).logits, before, atol=0, rtol=0)
+        assert torch.isfinite(draft(ids).logits).all()
+    with pytest.raises(TypeError, match="not Linear"):
+        models.quantize_linears_int8(fd, ("fc",))       # already quantised
+
+
+@pytest.mark.parametrize("cfg", [SamplingConfig(1.0), SamplingConfig(0.7, 3, 0.9),
+                                 SamplingConfig(1.0, 8, 1.0), SamplingConfig(1.3, 0, 0.5)])
+def test_subset_head_law_equals_the_law_of_the_full_logits(cfg):
+    """FeatureDraft.law on the subset head's own logits == probs of the [V] logits with -inf
+    off the subset (top-k larger than the subset included), int8 head or not."""
+    from coupling.llm import models
+
+    target = tiny_llama(8, layers=2)
+    fd = FD.FeatureDraft(target).eval()
+    fd.head = models.SubsetHead(target.lm_head.weight, torch.tensor([7, 2, 9, 0, 4, 5]))
+    f = torch.randn(3, 16)
+    for _ in range(2):
+        with torch.no_grad():
+            want = probs(fd.logits(f), cfg)
+            got = fd.law(fd.head_logits(f), cfg)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=0)   # softmax summation order
+        assert bool((got[:, [1, 3, 6, 8]] == 0).all())
+        fd.head = models.quantized_head_int8(fd.head)   # second round: the int8 head
+
+
+def test_pair_cache_lean_layer_matches_the_hugging_face_body(pair):
+    """The drafter's lean layer on a PairCache (appends of several pairs, crop, k-row
+    expansion, row selection) reproduces the Hugging Face body run on the whole sequence."""
+    target, _ = pair
+    torch.manual_seed(3)
+    draft = FD.FeatureDraft(target).eval()
+    with torch.no_grad():
+        draft.fc.weight.normal_(0, 0.3)
+        ids = torch.randint(0, V, (1, 12))
+        f = torch.randn(1, 12, 16)
+        ref = draft.features(ids, f)                                   # no cache: HF body
+        c = FD.PairCache(capacity=4)                                   # forces regrowth
+        parts = [draft.features(ids[:, a:b], f[:, a:b], c) for a, b in ((0, 5), (5, 6), (6, 9))]
+        torch.testing.assert_close(torch.cat(parts, 1), ref[:, :9], atol=1e-5, rtol=1e-5)
+        c.crop(-2)                                                     # back to 7 pairs
+        c.batch_repeat_interleave(3)
+        out = draft.features(ids[:, 7:8].expand(3, -1), f[:, 7:8].expand(3, -1, -1), c)
+        torch.testing.assert_close(out, ref[:, 7:8].expand(3, -1, -1), atol=1e-5, rtol=1e-5)
+        c.batch_select_indices(torch.tensor([2]))
+        out = draft.features(ids[:, 8:12], f[:, 8:12], c)
+        torch.testing.assert_close(out, ref[:, 8:12], atol=1e-5, rtol=1e-5)
+        assert c.get_seq_length() == 12
+    with pytest.raises(ValueError, match="negative"):
+        c.crop(2)
 
 
 def test_draft_sampler_never_returns_zero_probability_tokens_and_has_the_right_law():
@@ -439,9 +559,10 @@ def test_draft_weight_files_round_trip(tmp_path, monkeypatch):
 
 
 def test_draft_training_prompts_are_disjoint_from_the_demo_prompts():
-    """The drafts are measured on the demo prompts: no training prompt may be one of them, and
-    the diverse chat set (feature draft, stage 2) shares a 4-word opening with exactly one of
-    them (documented in scripts/train_draft.py; the shipped draft was trained on it)."""
+    """The drafts are measured on the demo prompts: no training prompt may be one of them; the
+    first diverse chat set (feature draft, stage 2) shares a 4-word opening with exactly one of
+    them (documented in scripts/train_draft.py; the shipped draft was trained on it), the
+    second (stage 3) with none."""
     import importlib.util
     import json
     from pathlib import Path
@@ -457,3 +578,8 @@ def test_draft_training_prompts_are_disjoint_from_the_demo_prompts():
     prefix = {" ".join(d.split()[:4]) for d in demo}
     shared = {p for p in set(diverse) if " ".join(p.split()[:4]) in prefix}
     assert shared == {"Summarize the causes of the Great Depression."}
+    # the second set (feature draft, stage 3): no prompt, template or opening in common
+    second = td.diverse_prompts(640, 4, td.CHAT_KINDS_2)
+    assert len(set(second)) >= 140 and not set(second) & (set(demo) | set(diverse))
+    assert not {p for p in second if " ".join(p.split()[:4]) in prefix}
+    assert not {t for t, _ in td.CHAT_KINDS_2} & {t for t, _ in td.CHAT_KINDS}

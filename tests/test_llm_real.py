@@ -74,8 +74,15 @@ def real32():
 
 
 @pytest.fixture(scope="module")
+def draft_int8(real):
+    """The token-level draft as the demo runs it (for the engine and HF assisted alike)."""
+    return models.quantize_draft_int8(models.load_draft(real[0], head_tokens=8192))
+
+
+@pytest.fixture(scope="module")
 def feature(real):
-    return FD.load_feature_draft(real[0], head_tokens=8192)
+    """The feature draft as the demo runs it: 8192-token head, weight-only int8."""
+    return FD.load_feature_draft(real[0], head_tokens=8192, int8=True)
 
 
 def test_feature_draft_file_is_small_and_shares_the_target_tensors(real, feature):
@@ -90,14 +97,16 @@ def test_feature_draft_file_is_small_and_shares_the_target_tensors(real, feature
         FD.FeatureDrafter(feature).propose([1, 2, 3], 2, 1, SamplingConfig(), torch.Generator())
 
 
-@pytest.mark.parametrize("rule,k", [("token", 1), ("rrs", 2)])
-def test_feature_drafter_laws_match_fresh_recomputation_float32(real, real32, rule, k):
+@pytest.mark.parametrize("rule,k,int8", [("token", 1, False), ("rrs", 2, False),
+                                          ("token", 1, True)])
+def test_feature_drafter_laws_match_fresh_recomputation_float32(real, real32, rule, k, int8):
     """The drafter's incremental state (target features kept by the target's cache, draft
-    cache cropped to pairs with true features, k branches) gives the same first-position law
-    as recomputing target features and draft pairs from scratch on the committed text."""
+    cache cropped to pairs with true features, k branches, the lean layer) gives the same
+    first-position law as recomputing target features and draft pairs from scratch on the
+    committed text through the Hugging Face body."""
     _, _, _, prompt = real
     target = real32[0]
-    draft = FD.load_feature_draft(target, head_tokens=8192)
+    draft = FD.load_feature_draft(target, head_tokens=8192, int8=int8)
     drafter = FD.FeatureDrafter(draft)
     cfg = SamplingConfig(1.0)
     seen = record_first_laws(drafter)
@@ -195,13 +204,15 @@ def law(real):
 @pytest.mark.parametrize("rule,k,drafter", [
     ("token", 1, "trained"), ("block", 1, "trained"), ("kseq", 2, "trained"),
     ("rrs", 2, "trained"), ("gumbel", 1, "trained"), ("block", 1, "feature"),
-    ("rrs", 2, "feature")])
-def test_first_two_tokens_follow_plain_sampling(real, law, feature, rule, k, drafter):
+    ("rrs", 2, "feature"), ("token", 1, "trained int8")])
+def test_first_two_tokens_follow_plain_sampling(real, law, feature, draft_int8, rule, k,
+                                                drafter):
     reason = rules_adapter.available().get(rule)
     if reason:
         pytest.skip(reason)
     target, draft, _, prompt = real
-    d = FD.FeatureDrafter(feature) if drafter == "feature" else E.ModelDrafter(draft)
+    d = FD.FeatureDrafter(feature) if drafter == "feature" else \
+        E.ModelDrafter(draft_int8 if drafter == "trained int8" else draft)
     counts = counts_for(target, d, prompt, rule, k, n=200)
     assert pvalue(counts, law) > 1e-3
 
@@ -238,8 +249,9 @@ def test_gumbel_is_drafter_invariant_on_the_real_model():
         assert r.tokens == ar.tokens, d.name
 
 
-def test_hf_assisted_baseline_runs_with_the_same_draft(real):
+def test_hf_assisted_baseline_runs_with_the_same_draft(real, draft_int8):
     target, draft, tok, prompt = real
-    r = E.hf_assisted(target, draft, prompt, max_new_tokens=12, cfg=SamplingConfig(0.7),
-                      gamma=4, seed=0, eos_token_id=tok.eos_token_id)
-    assert 1 <= len(r.tokens) <= 12 and r.target_calls >= 1
+    for d in (draft, draft_int8):   # the demo hands HF the int8 draft the engine runs
+        r = E.hf_assisted(target, d, prompt, max_new_tokens=12, cfg=SamplingConfig(0.7),
+                          gamma=4, seed=0, eos_token_id=tok.eos_token_id)
+        assert 1 <= len(r.tokens) <= 12 and r.target_calls >= 1

@@ -86,6 +86,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="comma-separated subset of: " + ",".join(m.label for m in FULL))
     ap.add_argument("--draft-head", type=int, default=8192,
                     help="restrict the draft's LM head to its n most likely tokens (0: full head)")
+    ap.add_argument("--draft-quant", choices=("int8", "none"), default="int8",
+                    help="both drafts' own weights and head weight-only int8 (a draft step is "
+                         "bound by reading its weights; the target always runs in --dtype)")
     ap.add_argument("--device", type=str, default="cpu")
     ap.add_argument("--dtype", type=str, default="bfloat16")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -122,11 +125,18 @@ def run(args) -> dict:
     t_load = time.perf_counter()
     target = models.load_target(args.dtype, args.device)
     draft = models.load_draft(target, head_tokens=args.draft_head)
-    fdraft = None
+    draft_params = models.param_count(draft, exclude_shared=True)
+    int8 = args.draft_quant == "int8"
+    if int8:
+        models.quantize_draft_int8(draft)      # HF assisted runs this very module too
+    fdraft = fdraft_params = None
     if any(m.drafter == "feature" for m in methods):
         from .feature_draft import load_feature_draft
 
         fdraft = load_feature_draft(target, head_tokens=args.draft_head)
+        fdraft_params = sum(v.numel() for v in fdraft.own_state_dict().values())
+        if int8:
+            fdraft.quantize_int8()
     tok = models.load_tokenizer()
     t_load = time.perf_counter() - t_load
     V = target.config.vocab_size
@@ -242,11 +252,10 @@ def run(args) -> dict:
                       else ")"),
                    "dtype": args.dtype, "device": args.device,
                    "target_params": models.param_count(target),
-                   "draft_own_params": models.param_count(draft, exclude_shared=True),
+                   "draft_own_params": draft_params, "draft_quant": args.draft_quant,
                    **({"feature_draft": "fc + 1 decoder layer on the target's final hidden "
                        "states (EAGLE-style; coupling/data/feature_draft_smollm2.safetensors)",
-                       "feature_draft_own_params": sum(
-                           v.numel() for v in fdraft.own_state_dict().values())}
+                       "feature_draft_own_params": fdraft_params}
                       if fdraft is not None else {})},
         "settings": {**cfg.as_dict(), "gamma": args.gamma, "max_new_tokens": max_new,
                      "draft_head_tokens": args.draft_head,
@@ -320,9 +329,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"coupling demo: error: {exc}", file=sys.stderr)
         return 2
     s = res["settings"]
-    print(f"target: {res['models']['target']} ({res['models']['target_params'] / 1e6:.0f}M params, "
-          f"{res['models']['dtype']} on {res['models']['device']}); draft: "
-          f"{res['models']['draft']} ({res['models']['draft_own_params'] / 1e6:.1f}M own params)")
+    mdl = res["models"]
+    weights = "int8" if mdl["draft_quant"] == "int8" else mdl["dtype"]
+    print(f"target: {mdl['target']} ({mdl['target_params'] / 1e6:.0f}M params, "
+          f"{mdl['dtype']} on {mdl['device']}); draft: "
+          f"{mdl['draft']} ({mdl['draft_own_params'] / 1e6:.1f}M own params, weights {weights})")
     print(f"sampling: temperature={s['temperature']} top_k={s['top_k']} top_p={s['top_p']}; "
           f"gamma={s['gamma']}; {s['prompts']} prompts x {s['max_new_tokens']} new tokens; "
           f"seed={s['seed']}; {s['torch_threads']} threads")

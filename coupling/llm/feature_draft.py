@@ -40,7 +40,17 @@ from pathlib import Path
 
 import torch
 
-from .models import DATA_DIR, DraftSpec, SubsetHead, build_draft, head_ranking, write_weights
+from .models import (
+    DATA_DIR,
+    DraftSpec,
+    SubsetHead,
+    build_draft,
+    head_ranking,
+    quantize_layer_int8,
+    quantize_linears_int8,
+    quantized_head_int8,
+    write_weights,
+)
 from .sampling import SamplingConfig, probs
 
 FEATURE_DRAFT_WEIGHTS = DATA_DIR / "feature_draft_smollm2.safetensors"
@@ -70,6 +80,17 @@ class FeatureDraft(torch.nn.Module):
             self.fc.bias.zero_()
         self.head = target.lm_head
         self.vocab_size = tcfg.vocab_size
+        self.int8 = False
+
+    def quantize_int8(self) -> FeatureDraft:
+        """Weight-only int8 for ``fc``, the layer and the head (in place; see
+        :class:`coupling.llm.models.Int8Linear`). A shared full head is copied, not modified.
+        For inference only: the quantized draft has no trainable weights left."""
+        quantize_linears_int8(self, ("fc",))
+        quantize_layer_int8(self.body.layers[0])
+        self.head = quantized_head_int8(self.head)
+        self.int8 = True
+        return self
 
     def own_state_dict(self) -> dict[str, torch.Tensor]:
         """The trained tensors only (``fc`` and the decoder layer)."""
@@ -80,17 +101,69 @@ class FeatureDraft(torch.nn.Module):
     def features(self, ids: torch.Tensor, feats: torch.Tensor, cache=None) -> torch.Tensor:
         """Predicted features f^ [B, n, d] for pairs (ids [B, n], feats [B, n, d]).
 
-        With ``cache`` (a ``DynamicCache``) the pairs are appended to it; positions continue
-        from the cache length, as in the target.
+        With ``cache`` the pairs are appended to it; positions continue from the cache length,
+        as in the target. A :class:`PairCache` takes the lean path (:meth:`_features_lean`, what
+        the drafter runs); ``None`` or a ``DynamicCache`` go through the Hugging Face body
+        (training, and the reference the lean path is tested against).
         """
         e = self.body.embed_tokens(ids)
         x = self.fc(torch.cat([e, feats.to(e.dtype)], -1))
+        if isinstance(cache, PairCache):
+            return self._features_lean(x, cache)
         out = self.body(inputs_embeds=x, cache=cache, use_cache=cache is not None)
         return out.last_hidden_state
+
+    def _features_lean(self, x: torch.Tensor, cache: PairCache) -> torch.Tensor:
+        """The decoder layer and final norm on x [B, n, d], written out (gpt-fast style).
+
+        The same arithmetic as the Hugging Face layer (RMSNorm in float32, rotary embedding,
+        grouped-query attention, SiLU-gated MLP), without its per-call machinery (mask
+        construction, cache objects, kwargs plumbing). On the reference CPU, 200 interleaved
+        draft steps at context 100: 3.1 ms here against 3.6 ms through the Hugging Face body
+        (int8 weights; 5.0 against 5.4 ms in bf16). The rest is reading the weights.
+        """
+        lay = self.body.layers[0]
+        att = lay.self_attn
+        B, n, _ = x.shape
+        hd = att.head_dim
+        start = cache.length
+        cos, sin = cache.rotary(self.body.rotary_emb, x, start + n)
+        cos, sin = cos[start:start + n], sin[start:start + n]                 # [n, hd]
+        h = lay.input_layernorm(x)
+        q = att.q_proj(h).view(B, n, -1, hd).transpose(1, 2)                  # [B, H, n, hd]
+        k = att.k_proj(h).view(B, n, -1, hd).transpose(1, 2)                  # [B, Hkv, n, hd]
+        v = att.v_proj(h).view(B, n, -1, hd).transpose(1, 2)
+        q = q * cos + _rotate_half(q) * sin
+        k = k * cos + _rotate_half(k) * sin
+        keys, values = cache.append(k, v)                                     # [B, Hkv, L, hd]
+        mask = None
+        if n > 1:   # new position j sees every cached position and the new ones up to j
+            L = keys.shape[2]
+            mask = torch.arange(L, device=x.device)[None, :] <= \
+                torch.arange(L - n, L, device=x.device)[:, None]              # [n, L]
+        o = torch.nn.functional.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, scale=att.scaling, enable_gqa=True)
+        x = x + att.o_proj(o.transpose(1, 2).reshape(B, n, -1))
+        x = x + lay.mlp(lay.post_attention_layernorm(x))
+        return self.body.norm(x)
 
     def logits(self, feat: torch.Tensor) -> torch.Tensor:
         """Next-token logits [.., V] from features (``-inf`` outside a subset head)."""
         return self.head(feat)
+
+    def head_logits(self, feat: torch.Tensor) -> torch.Tensor:
+        """Logits over the head's own tokens: [.., n] for a subset head, else [.., V]."""
+        return self.head.subset_logits(feat) if isinstance(self.head, SubsetHead) else \
+            self.head(feat)
+
+    def law(self, head_logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+        """q [.., V] from :meth:`head_logits`: ``probs`` over the head's tokens, zero elsewhere.
+
+        The same law as ``probs(self.logits(feat), cfg)`` (tokens at ``-inf`` get probability 0
+        and never enter the top-k), without building and scanning ``V - n`` logits at ``-inf``.
+        """
+        q = probs(head_logits, cfg)
+        return self.head.to_vocab(q) if isinstance(self.head, SubsetHead) else q
 
 
 def save_feature_draft(draft: FeatureDraft, path: Path = FEATURE_DRAFT_WEIGHTS,
@@ -100,11 +173,12 @@ def save_feature_draft(draft: FeatureDraft, path: Path = FEATURE_DRAFT_WEIGHTS,
     return write_weights(draft.own_state_dict(), path, meta, head_tokens)
 
 
-def load_feature_draft(target, path: Path | None = None,
-                       head_tokens: int | None = 0) -> FeatureDraft:
+def load_feature_draft(target, path: Path | None = None, head_tokens: int | None = 0,
+                       int8: bool = False) -> FeatureDraft:
     """Rebuild a feature draft on ``target`` from ``path`` (default: ``$COUPLING_FEATURE_DRAFT``,
     else the shipped weights); ``head_tokens`` > 0 restricts its head to that many tokens of the
-    file's ranking (as :func:`coupling.llm.models.load_draft`)."""
+    file's ranking (as :func:`coupling.llm.models.load_draft`); ``int8`` stores its own weights
+    and head weight-only int8 (:meth:`FeatureDraft.quantize_int8`)."""
     from safetensors import safe_open
 
     if path is None:
@@ -127,7 +201,77 @@ def load_feature_draft(target, path: Path | None = None,
     if head_tokens:
         ranking = head_ranking(own, path, head_tokens).to(target.device)
         draft.head = SubsetHead(target.lm_head.weight, ranking)
+    if int8:
+        draft.quantize_int8()
     return draft.eval()
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class PairCache:
+    """Key/value store of the draft's single layer, preallocated: [rows, Hkv, capacity, hd].
+
+    The drafter's only cache operations are append, crop to a length, repeat the one row for
+    k branches and keep one row, so this replaces ``DynamicCache`` with plain tensor slicing
+    (its methods keep ``DynamicCache``'s names and conventions: ``crop`` takes a negative count
+    of tokens to drop). It also keeps the rotary tables, extended on demand.
+    """
+
+    def __init__(self, capacity: int = 512) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.length = 0
+        self.capacity = capacity
+        self._cos: torch.Tensor | None = None
+        self._sin: torch.Tensor | None = None
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, n: int) -> None:
+        if n >= 0:
+            raise ValueError(f"crop({n}): pass a negative count of tokens to drop")
+        self.length = max(0, self.length + n)
+
+    def rotary(self, rope, x: torch.Tensor, upto: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [>= upto, hd] in x's dtype, from the model's own rotary module."""
+        if self._cos is None or self._cos.shape[0] < upto or self._cos.dtype != x.dtype:
+            size = max(upto, 2 * (0 if self._cos is None else self._cos.shape[0]), 256)
+            pos = torch.arange(size, device=x.device)[None]
+            cos, sin = rope(x, pos)
+            self._cos, self._sin = cos[0], sin[0]
+        return self._cos, self._sin
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write k, v [B, Hkv, n, hd] after the held length; return all held [.., L, hd]."""
+        B, H, n, hd = k.shape
+        end = self.length + n
+        if self.k is None or self.k.shape[0] != B or end > self.k.shape[2]:
+            cap = max(self.capacity, end, 2 * (0 if self.k is None else self.k.shape[2]))
+            new_k = k.new_empty(B, H, cap, hd)
+            new_v = v.new_empty(B, H, cap, hd)
+            if self.k is not None and self.length:
+                if self.k.shape[0] not in (1, B):
+                    raise RuntimeError(f"cache has {self.k.shape[0]} rows, input {B}")
+                new_k[:, :, :self.length] = self.k[:, :, :self.length]
+                new_v[:, :, :self.length] = self.v[:, :, :self.length]
+            self.k, self.v = new_k, new_v
+        self.k[:, :, self.length:end] = k
+        self.v[:, :, self.length:end] = v
+        self.length = end
+        return self.k[:, :, :end], self.v[:, :, :end]
+
+    def batch_repeat_interleave(self, rows: int) -> None:
+        if self.k is None or self.k.shape[0] != 1:
+            raise RuntimeError("batch_repeat_interleave needs a single-row cache")
+        self.k = self.k.expand(rows, -1, -1, -1).clone()
+        self.v = self.v.expand(rows, -1, -1, -1).clone()
+
+    def batch_select_indices(self, idx: torch.Tensor) -> None:
+        self.k, self.v = self.k[idx].contiguous(), self.v[idx].contiguous()
 
 
 class FeatureDrafter:
@@ -143,10 +287,8 @@ class FeatureDrafter:
     needs_target_features = True
 
     def __init__(self, draft: FeatureDraft, name: str = "feature") -> None:
-        from transformers import DynamicCache
-
         self.draft, self.name = draft, name
-        self.cache = DynamicCache()
+        self.cache = PairCache()
         self.true_pairs = 0          # leading cache entries fed with the target's features
         self.seq: list[int] = []     # committed tokens those pairs were computed from
         self.rows = 1
@@ -157,9 +299,7 @@ class FeatureDrafter:
         self.target = target
 
     def reset(self, prompt: list[int]) -> None:
-        from transformers import DynamicCache
-
-        self.cache, self.true_pairs, self.seq, self.rows = DynamicCache(), 0, [], 1
+        self.cache, self.true_pairs, self.seq, self.rows = PairCache(), 0, [], 1
 
     def _crop(self, n: int) -> None:
         held = self.cache.get_seq_length()
@@ -168,10 +308,11 @@ class FeatureDrafter:
 
     @torch.no_grad()
     def _feed(self, ids: torch.Tensor, feats: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append pairs; return the last position's predicted feature [rows, d] and logits."""
+        """Append pairs; return the last position's predicted feature [rows, d] and its
+        :meth:`FeatureDraft.head_logits`."""
         t0 = time.perf_counter()
         f = self.draft.features(ids, feats, self.cache)[:, -1]
-        logits = self.draft.logits(f)
+        logits = self.draft.head_logits(f)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         return f, logits
@@ -206,7 +347,7 @@ class FeatureDrafter:
         dev = tgt.feats.device
         ids = torch.tensor([seq[n + 1: L]], device=dev)                  # pairs n+1 .. L-1
         feats = tgt.feats[:, n: L - 1]                                   # f_n .. f_{L-2}
-        fhat, logits = self._feed(ids, feats)                            # [1, d], [1, V]
+        fhat, logits = self._feed(ids, feats)                            # [1, d], [1, n]
         self.true_pairs, self.seq = L - 1, list(seq)
         state = {"f": fhat}
 
@@ -217,10 +358,10 @@ class FeatureDrafter:
             self.rows = rows
 
         def step(x: torch.Tensor) -> torch.Tensor:
-            state["f"], lg = self._feed(x[:, None], state["f"][:, None])  # [k, d], [k, V]
-            return probs(lg, cfg)
+            state["f"], lg = self._feed(x[:, None], state["f"][:, None])  # [k, d], [k, n]
+            return self.draft.law(lg, cfg)                               # [k, V]
 
-        return sample_chain(probs(logits, cfg), step, expand, gamma, k, gen,
+        return sample_chain(self.draft.law(logits, cfg), step, expand, gamma, k, gen,
                             distinct_first=distinct_first, gumbel=gumbel)
 
     def accept(self, branch: int) -> None:

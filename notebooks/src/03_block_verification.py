@@ -284,8 +284,8 @@ plt.show()
 # **Takeaway:** block verification never loses to token verification (exactly on toy
 # models; on every recorded real block through the $w$ identity), and its gain grows with
 # $\gamma$ and with how often drafts survive: on the toy pairs it reaches 4-15% at
-# $\gamma = 6$. On the real traces the gains are small (a fraction of a percent to about one
-# percent at $\gamma = 4$, printed above): most rejections happen at the first drafted
+# $\gamma = 6$. On the real traces the gains are small (under one percent at $\gamma = 4$,
+# printed above): most rejections happen at the first drafted
 # position, where the two rules coincide, and a higher mean overlap alone does not widen the
 # gap (Gemma's early exit accepts far more often than either SmolLM2 draft, yet gains about
 # as little as the token-level draft).
