@@ -80,7 +80,6 @@ class FeatureDraft(torch.nn.Module):
             self.fc.bias.zero_()
         self.head = target.lm_head
         self.vocab_size = tcfg.vocab_size
-        self.int8 = False
 
     def quantize_int8(self) -> FeatureDraft:
         """Weight-only int8 for ``fc``, the layer and the head (in place; see
@@ -89,7 +88,6 @@ class FeatureDraft(torch.nn.Module):
         quantize_linears_int8(self, ("fc",))
         quantize_layer_int8(self.body.layers[0])
         self.head = quantized_head_int8(self.head)
-        self.int8 = True
         return self
 
     def own_state_dict(self) -> dict[str, torch.Tensor]:

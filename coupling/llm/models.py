@@ -301,15 +301,13 @@ class SubsetHead(torch.nn.Module):
             torch.nn.functional.linear(h, self.weight)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        sub = self.subset_logits(h)
-        out = sub.new_full((*sub.shape[:-1], self.vocab_size), float("-inf"))
-        out[..., self.tokens] = sub
-        return out
+        return self.to_vocab(self.subset_logits(h), float("-inf"))
 
-    def to_vocab(self, law: torch.Tensor) -> torch.Tensor:
-        """A law over the subset, [.., n], as a law over the vocabulary, [.., V] (zeros off it)."""
-        out = law.new_zeros((*law.shape[:-1], self.vocab_size))
-        out[..., self.tokens] = law
+    def to_vocab(self, x: torch.Tensor, fill: float = 0.0) -> torch.Tensor:
+        """Values over the subset, [.., n], placed in a [.., V] tensor filled with ``fill`` (a
+        law over the subset becomes a law over the vocabulary with the default 0)."""
+        out = x.new_full((*x.shape[:-1], self.vocab_size), fill)
+        out[..., self.tokens] = x
         return out
 
 
@@ -413,7 +411,6 @@ def quantize_draft_int8(draft):
     for i in own:
         quantize_layer_int8(draft.model.layers[i])
     draft.lm_head = quantized_head_int8(draft.lm_head)
-    draft.coupling_int8 = True
     return draft
 
 
