@@ -154,7 +154,7 @@ def main(argv=None) -> int:
     ap.add_argument("--head-tokens", type=int, default=8192)
     ap.add_argument("--seed", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--prompt-set", choices=("templated", "diverse", "diverse2"),
+    ap.add_argument("--prompt-set", choices=("templated", *train_draft.PROMPT_SETS),
                     default="templated",
                     help="corpus prompts: train_draft.corpus_prompts, or .diverse_prompts over "
                          "CHAT_KINDS (diverse) or CHAT_KINDS_2 (diverse2)")
