@@ -15,8 +15,11 @@ Texts:
 
 A gap between the two measures how far the drafts generalise beyond their training prompts.
 
+Both drafts run with the calibrated logit scales stored with their weights
+(``scripts/calibrate_draft.py``) unless ``--logit-scale`` overrides them.
+
 Usage: ``python scripts/draft_overlap.py [--prompts 8] [--tokens 96] [--corpus PATH --n 16]
-[--int8]``
+[--int8] [--logit-scale 1]``
 """
 
 from __future__ import annotations
@@ -72,15 +75,21 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--int8", action="store_true",
                     help="both drafts with weight-only int8 weights (as the demo runs them)")
+    ap.add_argument("--logit-scale", type=float, default=None,
+                    help="run both drafts with this logit scale instead of their calibrated "
+                         "ones (1: uncalibrated)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     target = models.load_target("bfloat16")
     tok = models.load_tokenizer()
-    token_draft = models.load_draft(target, head_tokens=8192)
+    token_draft = models.load_draft(target, head_tokens=8192, logit_scale=args.logit_scale)
     if args.int8:
         models.quantize_draft_int8(token_draft)
-    feature_draft = FD.load_feature_draft(target, head_tokens=8192, int8=args.int8)
+    feature_draft = FD.load_feature_draft(target, head_tokens=8192, int8=args.int8,
+                                          logit_scale=args.logit_scale)
+    print(f"logit scales: token-level draft {token_draft.coupling_logit_scale:g}, "
+          f"feature draft {feature_draft.logit_scale:g}")
     texts = []
     for j, text in enumerate(demo.load_prompts()[: args.prompts]):
         prompt = models.chat_prompt(tok, text)

@@ -57,6 +57,9 @@ def main(argv=None) -> int:
                     help="smollm2: token-level trained draft or feature-level draft")
     ap.add_argument("--exit-layer", type=int, default=15, help="gemma: early-exit draft depth")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--draft-logit-scale", type=float, default=None,
+                    help="SmolLM2 drafts: override the calibrated logit scale stored with the "
+                         "weights (recorded in the settings either way)")
     ap.add_argument("--out", type=Path, default=None,
                     help="default coupling/data/traces_{smollm2,gemma3}.npz")
     args = ap.parse_args(argv)
@@ -77,10 +80,14 @@ def main(argv=None) -> int:
         if args.draft == "feature":
             from coupling.llm.feature_draft import FeatureDrafter, load_feature_draft
 
-            drafter = FeatureDrafter(load_feature_draft(target, head_tokens=8192))
+            fd = load_feature_draft(target, head_tokens=8192, logit_scale=args.draft_logit_scale)
+            args.draft_logit_scale = fd.logit_scale
+            drafter = FeatureDrafter(fd)
             out_path = args.out or models.DATA_DIR / "traces_smollm2_feature.npz"
         else:
-            drafter = E.ModelDrafter(models.load_draft(target))
+            d = models.load_draft(target, logit_scale=args.draft_logit_scale)
+            args.draft_logit_scale = d.coupling_logit_scale
+            drafter = E.ModelDrafter(d)
             out_path = args.out or models.DATA_DIR / "traces_smollm2.npz"
 
         def encode(text: str) -> list[int]:

@@ -229,7 +229,91 @@ CHAT_KINDS_2 = [
         "a marine biologist"]),
 ]
 
-PROMPT_SETS = {"diverse": CHAT_KINDS, "diverse2": CHAT_KINDS_2}
+# A third set (feature draft, stage 4): 22 more kinds, again sharing no template, prompt or
+# 4-word opening with the demo prompts or the first two sets (tests/test_llm.py pins it).
+CHAT_KINDS_3 = [
+    ("Can you explain how {t} works, in plain words?", [
+        "a vaccine", "a solar panel", "a microwave oven", "a bicycle gear", "an electric car",
+        "a search engine", "a heat pump", "a touchscreen"]),
+    ("Write a Rust function that {t}, with comments.", [
+        "reverses a vector", "counts the vowels in a string", "finds the largest number in a slice",
+        "checks whether a year is a leap year", "parses a comma-separated line",
+        "computes a factorial"]),
+    ("Write a bash script that {t}.", [
+        "backs up a folder every night", "renames all .txt files to .md",
+        "counts the lines in every file of a directory", "checks whether a website is up",
+        "deletes files older than thirty days", "prints the ten largest files"]),
+    ("Solve this step by step: {t}", [
+        "a train travels 180 km in 2 hours; what is its average speed?",
+        "what is 15% of 240?", "if 3 pencils cost 45 cents, how much do 7 cost?",
+        "a rectangle is 8 m by 5 m; what is its area and perimeter?",
+        "what is the next number in 2, 6, 12, 20, 30?",
+        "how many minutes are there in a week?"]),
+    ("I am a beginner at {t}. Where should I start?", [
+        "gardening", "playing the guitar", "investing", "drawing", "swimming", "yoga",
+        "photography", "learning Japanese"]),
+    ("Draft a message to {t}.", [
+        "my landlord about a broken heater", "a colleague who covered my shift",
+        "a teacher asking about my child's progress", "a friend I have not seen in years",
+        "customer support about a late delivery", "my team announcing a new project"]),
+    ("Who was {t}, and what is remembered about them?", [
+        "Marie Curie", "Leonardo da Vinci", "Nelson Mandela", "Ada Lovelace", "Genghis Khan",
+        "Isaac Newton", "Frida Kahlo", "Alan Turing"]),
+    ("Argue for and against {t}.", [
+        "a four-day working week", "school uniforms", "banning cars from city centres",
+        "homework for young children", "nuclear power", "universal basic income"]),
+    ("Make up a riddle about {t}, and give the answer.", [
+        "a clock", "a shadow", "an egg", "a candle", "a river", "a keyboard"]),
+    ("How should I prepare for {t}?", [
+        "a long hike", "a job interview at a bank", "my first marathon", "a winter storm",
+        "a public speaking event", "a trip abroad"]),
+    ("Translate the idea of {t} into simple English.", [
+        "opportunity cost", "compound interest", "natural selection", "entropy",
+        "machine learning", "the greenhouse effect"]),
+    ("Plan a three-day itinerary for {t}.", [
+        "Rome", "Kyoto", "a national park", "a beach holiday", "Paris with children",
+        "a city break in Lisbon"]),
+    ("What questions should I ask {t}?", [
+        "a doctor about a new medication", "a landlord before renting", "a used car seller",
+        "an interviewer at the end of an interview", "a wedding photographer",
+        "a financial adviser"]),
+    ("Write a limerick about {t}.", [
+        "a forgetful wizard", "a cat who loves boxes", "a rainy Monday", "a clumsy robot",
+        "a hungry goat", "a pirate who hates the sea"]),
+    ("Explain why {t}.", [
+        "leaves change colour in autumn", "bread rises", "ice floats on water",
+        "we have leap years", "the sea is salty", "cats purr", "onions make us cry",
+        "metal feels colder than wood"]),
+    ("Turn these notes into a paragraph: {t}", [
+        "meeting moved to Friday, budget approved, need two volunteers",
+        "park cleanup Saturday 9am, bring gloves, snacks provided",
+        "new library hours, open Sundays, free Wi-Fi",
+        "team won the match 3-1, next game away, bus leaves at 8",
+        "office closed Monday, heating repairs, work from home"]),
+    ("Write the opening paragraph of {t}.", [
+        "a mystery novel set on a train", "a science fiction story on a generation ship",
+        "a fairy tale about a clockmaker", "a memoir about growing up by the sea",
+        "a travel article about Iceland", "a news report about a lost dog found"]),
+    ("What is the best way to {t}?", [
+        "learn vocabulary in a new language", "save money on groceries",
+        "keep houseplants alive", "organise a small kitchen", "fall asleep faster",
+        "remember people's names"]),
+    ("Design a simple {t}.", [
+        "weekly workout plan", "budget for a student", "board game for two players",
+        "lesson plan about volcanoes", "morning stretching routine", "menu for a picnic"]),
+    ("Give an example of {t}, and explain it.", [
+        "a metaphor", "a logical fallacy", "a renewable resource", "a food chain",
+        "an irregular verb", "a chemical reaction at home"]),
+    ("Correct the grammar in this sentence: \"{t}\"", [
+        "me and him goes to the store yesterday", "their going to be late again",
+        "she don't like apples", "the dog wagged it's tail", "I could of helped you",
+        "everyone have their own opinion"]),
+    ("In a few sentences, what is {t}?", [
+        "the water cycle", "a black hole", "democracy", "the stock market", "an ecosystem",
+        "the Renaissance", "a neural network", "plate tectonics"]),
+]
+
+PROMPT_SETS = {"diverse": CHAT_KINDS, "diverse2": CHAT_KINDS_2, "diverse3": CHAT_KINDS_3}
 
 
 def diverse_prompts(n: int, seed: int, kinds: list | None = None) -> list[str]:
@@ -395,7 +479,7 @@ def main(argv=None) -> int:
     if args.rank_only:
         if args.resume is None:
             raise ValueError("--rank-only needs --resume PATH")
-        draft = models.load_draft(target, args.resume)
+        draft = models.load_draft(target, args.resume, logit_scale=1.0)
         from safetensors import safe_open
 
         with safe_open(str(args.resume), framework="pt") as f:
@@ -408,7 +492,8 @@ def main(argv=None) -> int:
     n_shared = args.shared_layers
     init = n_shared if args.init_layer is None else args.init_layer
     if args.resume is not None:
-        draft = models.load_draft(target, args.resume)
+        # trained uncalibrated: retraining invalidates a calibrated scale (calibrate_draft.py)
+        draft = models.load_draft(target, args.resume, logit_scale=1.0)
         spec = draft.coupling_spec
         n_shared = spec.shared_layers
     else:

@@ -43,8 +43,9 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_draft  # noqa: E402  (corpus prompts and generation, head ranking)
 
+from coupling.llm import calibrate, models  # noqa: E402
 from coupling.llm import feature_draft as FD  # noqa: E402
-from coupling.llm import models  # noqa: E402
+from coupling.llm.sampling import SamplingConfig, probs  # noqa: E402
 
 
 @torch.no_grad()
@@ -122,12 +123,27 @@ def overlap(sub_logits, pos, idx_in, logp, mask):
     return float((m * mask).sum() / mask.sum().clamp_min(1))
 
 
-def two_pass(draft, W_sub, batch, subset_pos):
-    """Both passes on one padded batch: returns (loss parts, overlaps) per pass."""
+def cfg_overlap(sub_logits, pos, idx_in, p_cfg, mask, cfg, scale: float):
+    """Mean exact overlap under the sampling settings: sum_x min(p_cfg, q) with
+    q = probs(scale * logits, cfg) over the head's tokens and p_cfg the target's law under cfg
+    on its stored top K (calibrate.target_law_on_topk). Differentiable in the logits (the
+    kept set is piecewise constant), so 1 - it is a total-variation loss on the very quantity
+    the rules accept (DistillSpec's TVD, at the decoding settings)."""
+    q = probs(scale * sub_logits, cfg).gather(-1, pos) * idx_in
+    m = torch.minimum(p_cfg, q).sum(-1)
+    return (m * mask).sum() / mask.sum().clamp_min(1)
+
+
+def two_pass(draft, W_sub, batch, subset_pos, tvd=None):
+    """Both passes on one padded batch: returns (loss parts, overlaps) per pass.
+
+    ``tvd = (cfg, scale)`` adds each pass's exact overlap under ``cfg`` (a tensor, for the loss)
+    as a fourth entry."""
     ids, f_in, f_tg, valid, idx, logp, lmask = batch
     pos = subset_pos[idx]
     idx_in = (pos >= 0).float()
     pos = pos.clamp_min(0)
+    p_cfg = calibrate.target_law_on_topk(logp, tvd[0]) if tvd is not None else None
     out = []
     feats = f_in
     for _ in range(2):
@@ -135,7 +151,10 @@ def two_pass(draft, W_sub, batch, subset_pos):
         sub = F.linear(fh, W_sub)
         kl = subset_kl(sub, pos, idx_in, logp, lmask)
         reg = (F.smooth_l1_loss(fh, f_tg, reduction="none").mean(-1) * valid).sum() / valid.sum()
-        out.append((kl, reg, overlap(sub.detach(), pos, idx_in, logp, lmask)))
+        parts = (kl, reg, overlap(sub.detach(), pos, idx_in, logp, lmask))
+        if tvd is not None:
+            parts += (cfg_overlap(sub, pos, idx_in, p_cfg, lmask, *tvd),)
+        out.append(parts)
         # pass 2 input: pair i reads f^_{i-1}; pair 1 keeps the target's f_0
         feats = torch.cat([f_in[:, :1], fh.detach()[:, :-1]], 1)
     return out
@@ -165,6 +184,12 @@ def main(argv=None) -> int:
     ap.add_argument("--resume", type=Path, default=None, help="start from these weights")
     ap.add_argument("--split", choices=("prompt", "random"), default="prompt",
                     help="held-out sequences: whole prompts unseen in training, or any 24")
+    ap.add_argument("--tvd-weight", type=float, default=0.0,
+                    help="add this times (1 - overlap under the demo's sampling settings) per "
+                         "pass to the loss (0: the KL and regression loss alone)")
+    ap.add_argument("--tvd-scale", type=float, default=1.0,
+                    help="logit scale the overlap term (and its report) applies, e.g. the "
+                         "draft's calibrated one")
     ap.add_argument("--corpus-only", action="store_true")
     ap.add_argument("--out", type=Path, default=FD.FEATURE_DRAFT_WEIGHTS)
     args = ap.parse_args(argv)
@@ -251,13 +276,19 @@ def main(argv=None) -> int:
         prm.requires_grad_(True)
     draft.body.embed_tokens.float()
 
+    # the demo's settings: the overlap the rules accept (reported always, trained if asked)
+    tvd = (SamplingConfig(0.7, 50, 0.95), calibrate.check_logit_scale(args.tvd_scale))
+
     def evaluate():
+        """Held-out overlap at drafted positions 1, 2: at T=1 (lower bounds), then exact under
+        the demo's settings with --tvd-scale."""
         with torch.no_grad():
-            return [o[2] for o in two_pass(draft, W_sub, held_batch, subset_pos)]
+            res = two_pass(draft, W_sub, held_batch, subset_pos, tvd)
+            return [o[2] for o in res] + [float(o[3]) for o in res]
 
     before = evaluate()
     print(f"held-out overlap (drafted position 1, 2) before training: {before[0]:.4f}, "
-          f"{before[1]:.4f}")
+          f"{before[1]:.4f}; demo settings x{args.tvd_scale:g}: {before[2]:.4f}, {before[3]:.4f}")
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
     budget = args.minutes_train * 60
     t0 = time.perf_counter()
@@ -267,8 +298,11 @@ def main(argv=None) -> int:
         for g in opt.param_groups:  # warmup, then cosine by wall-clock fraction
             g["lr"] = args.lr * min(1.0, (step + 1) / 30) * 0.5 * (1 + math.cos(math.pi * frac))
         batch = pad_batch(rng.sample(train, args.seq_per_step))
-        (kl1, reg1, ov1), (kl2, reg2, ov2) = two_pass(draft, W_sub, batch, subset_pos)
+        parts = two_pass(draft, W_sub, batch, subset_pos, tvd if args.tvd_weight else None)
+        (kl1, reg1, ov1), (kl2, reg2, ov2) = (x[:3] for x in parts)
         loss = kl1 + kl2 + args.reg * (reg1 + reg2)
+        if args.tvd_weight:
+            loss = loss + args.tvd_weight * (2 - parts[0][3] - parts[1][3])
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -282,7 +316,8 @@ def main(argv=None) -> int:
                   flush=True)
     after = evaluate()
     print(f"held-out overlap (drafted position 1, 2) after training: {after[0]:.4f}, "
-          f"{after[1]:.4f} ({step} steps)")
+          f"{after[1]:.4f}; demo settings x{args.tvd_scale:g}: {after[2]:.4f}, {after[3]:.4f} "
+          f"({step} steps)")
     draft.body.norm.to(torch.bfloat16)
     draft.body.embed_tokens.to(torch.bfloat16)
     meta = {"steps": step, "corpus_sequences": len(data), "corpus_positions": n_tok,
@@ -292,6 +327,9 @@ def main(argv=None) -> int:
             "heldout_overlap_pos2_before": round(before[1], 4),
             "heldout_overlap_pos1_after": round(after[0], 4),
             "heldout_overlap_pos2_after": round(after[1], 4),
+            "heldout_demo_settings_overlap_before": [round(x, 4) for x in before[2:]],
+            "heldout_demo_settings_overlap_after": [round(x, 4) for x in after[2:]],
+            "heldout_demo_settings_scale": args.tvd_scale, "tvd_weight": args.tvd_weight,
             "head_tokens_trained": args.head_tokens,
             "minutes_total": round((time.perf_counter() - t_start) / 60, 1),
             "command": "python scripts/train_feature_draft.py "

@@ -562,7 +562,7 @@ def test_draft_training_prompts_are_disjoint_from_the_demo_prompts():
     """The drafts are measured on the demo prompts: no training prompt may be one of them; the
     first diverse chat set (feature draft, stage 2) shares a 4-word opening with exactly one of
     them (documented in scripts/train_draft.py; the shipped draft was trained on it), the
-    second (stage 3) with none."""
+    second (stage 3) and third (stage 4) with none."""
     import importlib.util
     import json
     from pathlib import Path
@@ -583,3 +583,161 @@ def test_draft_training_prompts_are_disjoint_from_the_demo_prompts():
     assert len(set(second)) >= 140 and not set(second) & (set(demo) | set(diverse))
     assert not {p for p in second if " ".join(p.split()[:4]) in prefix}
     assert not {t for t, _ in td.CHAT_KINDS_2} & {t for t, _ in td.CHAT_KINDS}
+    # the third set (stage 4): nothing in common with the demo or the first two sets either
+    third = td.diverse_prompts(640, 5, td.CHAT_KINDS_3)
+    assert len(set(third)) >= 140 and not set(third) & (set(demo) | set(diverse) | set(second))
+    assert not {p for p in third if " ".join(p.split()[:4]) in prefix}
+    assert not {t for t, _ in td.CHAT_KINDS_3} & ({t for t, _ in td.CHAT_KINDS}
+                                                  | {t for t, _ in td.CHAT_KINDS_2})
+    earlier = {" ".join(p.split()[:4]) for p in set(diverse) | set(second)}
+    assert not {" ".join(p.split()[:4]) for p in third} & earlier
+    assert set(td.PROMPT_SETS) == {"diverse", "diverse2", "diverse3"}
+
+
+# --------------------------------------------------------------------------- calibrated scale
+
+
+def test_target_law_on_topk_is_the_law_over_the_whole_vocabulary():
+    """From the top-K log-probabilities alone (what corpora store), the law under settings
+    that truncate to top_k <= K is exactly the law computed from all V logits."""
+    from coupling.llm import calibrate as C
+
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(40, 300, generator=g) * 3
+    logp = torch.log_softmax(logits, -1)
+    vals, idx = logp.topk(64, -1)
+    for cfg in (SamplingConfig(0.7, 50, 0.95), SamplingConfig(1.0, 64), SamplingConfig(1.3, 5)):
+        got = torch.zeros(40, 300).scatter_(-1, idx, C.target_law_on_topk(vals, cfg))
+        torch.testing.assert_close(got, probs(logits, cfg), atol=1e-6, rtol=0)
+    for bad in (SamplingConfig(0.7), SamplingConfig(0.7, 65, 0.9)):
+        with pytest.raises(ValueError, match="top_k"):
+            C.target_law_on_topk(vals, bad)
+
+
+@settings(max_examples=15, deadline=None)
+@given(flat=st.floats(1.2, 2.0), seed=st.integers(0, 10_000))
+def test_overlap_by_scale_finds_the_scale_that_undoes_a_flat_draft(flat, seed):
+    """A draft whose logits are the target's divided by ``flat`` is recovered at s = flat
+    (overlap 1 when its head holds every token) and the fit picks the grid point nearest to
+    it; the overlap over the K stored tokens equals sum_x min(p, q) over the vocabulary."""
+    from coupling.llm import calibrate as C
+
+    g = torch.Generator().manual_seed(seed)
+    V, N = 120, 64
+    logits = torch.randn(N, V, generator=g) * 2.5
+    cfg = SamplingConfig(0.7, 20, 0.95)
+    vals, idx = torch.log_softmax(logits, -1).topk(32, -1)
+    p = C.target_law_on_topk(vals, cfg)
+    subset = torch.randperm(V, generator=g)[:90]            # the draft's head: 90 of 120 tokens
+    lookup = torch.full((V,), -1, dtype=torch.long)
+    lookup[subset] = torch.arange(90)
+    pos = lookup[idx]
+    draft = logits[:, subset] / flat
+    grid = tuple(round(1.0 + 0.05 * i, 2) for i in range(25))
+    fit = C.overlap_by_scale(logits / flat, p, idx, cfg, grid, chunk=17)   # every token
+    assert abs(C.best_scale(fit) - flat) <= 0.05 + 1e-9
+    # a subset head: the number equals sum_x min(p, q) from full-vocabulary laws
+    table = C.overlap_by_scale(draft, p, pos, cfg, grid, chunk=17)
+    best = C.best_scale(table)
+    q_full = torch.zeros(N, V).index_copy_(-1, subset, probs(best * draft, cfg))
+    want = torch.minimum(probs(logits, cfg), q_full).sum(-1).mean()
+    assert table[best] == pytest.approx(float(want), abs=1e-5)
+    # with the whole vocabulary in the head, s = flat gives the target's own law back
+    whole = C.overlap_by_scale(logits / flat, p, idx, cfg, (flat,))[flat]
+    assert whole == pytest.approx(1.0, abs=1e-5)
+
+
+def test_logit_scale_is_stored_with_the_weights_and_applied_by_both_drafts(tmp_path):
+    """store_logit_scale writes the scale into a weights file; load_draft and
+    load_feature_draft then sample from softmax(s * logits) (ScaledHead, composing with the
+    subset head and int8), an explicit override wins, bad scales are clear errors, and a
+    scaled draft is never saved as if it were trained weights."""
+    import json
+
+    from coupling.llm import calibrate as C
+    from coupling.llm import models
+
+    target = tiny_llama(6, layers=2)
+    spec = models.DraftSpec(1, (1,))
+    ranking = torch.tensor([7, 3, 9, 0, 5, 1, 2, 4])
+    draft = models.build_draft(target, spec)
+    path = models.save_draft(draft, spec, tmp_path / "d.safetensors", {"steps": 1}, ranking)
+    plain = models.load_draft(target, path)
+    assert plain.coupling_logit_scale == 1.0 and plain.lm_head is target.lm_head
+    models.store_logit_scale(path, 1.45, {"logit_scale": 1.45, "note": "test"})
+    assert json.loads(path.with_suffix(".json").read_text())["note"] == "test"
+    ids = torch.tensor([[1, 4, 2, 8]])
+    with torch.no_grad():
+        ref = plain(ids).logits
+        for head_tokens in (0, 5):
+            scaled = models.load_draft(target, path, head_tokens=head_tokens)
+            assert scaled.coupling_logit_scale == 1.45
+            base = models.load_draft(target, path, head_tokens=head_tokens, logit_scale=1.0)
+            want = base(ids).logits * 1.45
+            torch.testing.assert_close(scaled(ids).logits, want)
+            if head_tokens == 0:
+                torch.testing.assert_close(want, ref * 1.45)
+                assert scaled.lm_head.weight is target.lm_head.weight
+                assert models.param_count(scaled, exclude_shared=True) == \
+                    models.param_count(base, exclude_shared=True)
+            q8 = models.quantize_draft_int8(models.load_draft(target, path, head_tokens=5))
+            assert isinstance(q8.lm_head, models.ScaledHead)
+            assert torch.isfinite(q8(ids).logits[0, -1]).sum() == 5
+        over = models.load_draft(target, path, logit_scale=2.0)
+        torch.testing.assert_close(over(ids).logits, ref * 2.0)
+    with pytest.raises(ValueError, match="ScaledHead"):
+        models.save_draft(models.load_draft(target, path), spec, tmp_path / "x.safetensors")
+    for bad in (0.0, -1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError, match="logit_scale"):
+            models.load_draft(target, path, logit_scale=bad)
+        with pytest.raises(ValueError, match="logit_scale"):
+            C.check_logit_scale(bad)
+
+    fd = FD.FeatureDraft(target)
+    fpath = FD.save_feature_draft(fd, tmp_path / "f.safetensors", {}, ranking)
+    models.store_logit_scale(fpath, 1.4)
+    fs = FD.load_feature_draft(target, fpath, head_tokens=6)
+    f1 = FD.load_feature_draft(target, fpath, head_tokens=6, logit_scale=1.0)
+    assert fs.logit_scale == 1.4 and f1.logit_scale == 1.0
+    cfg = SamplingConfig(0.7, 4, 0.95)
+    with torch.no_grad():
+        feat = f1.features(ids, torch.randn(1, 4, 16))[:, -1]
+        torch.testing.assert_close(fs.law(fs.head_logits(feat), cfg),
+                                   probs(1.4 * f1.logits(feat), cfg))
+        torch.testing.assert_close(fs.logits(feat), 1.4 * f1.logits(feat))
+
+
+def test_feature_draft_training_overlap_term_is_the_calibration_overlap_and_has_gradients():
+    """scripts/train_feature_draft.py's optional loss term (1 - exact overlap under the demo's
+    settings) computes the same number as coupling.llm.calibrate, masked by the rows that have
+    a stored law, and passes gradients to the logits."""
+    import importlib.util
+    from pathlib import Path
+
+    from coupling.llm import calibrate as C
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("train_feature_draft",
+                                                  root / "scripts/train_feature_draft.py")
+    tfd = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tfd)
+    g = torch.Generator().manual_seed(11)
+    V, S, K = 40, 30, 16
+    full = torch.randn(2, 5, V, generator=g) * 2
+    logp, idx = torch.log_softmax(full, -1).topk(K, -1)
+    subset = torch.randperm(V, generator=g)[:S]
+    lookup = torch.full((V,), -1, dtype=torch.long)
+    lookup[subset] = torch.arange(S)
+    pos = lookup[idx]
+    idx_in = (pos >= 0).float()
+    mask = torch.tensor([[1.0, 1, 0, 1, 1], [0, 1, 1, 1, 0]])
+    cfg = SamplingConfig(0.7, 10, 0.95)
+    p_cfg = C.target_law_on_topk(logp, cfg)
+    sub = (torch.randn(2, 5, S, generator=g) * 2).requires_grad_(True)
+    got = tfd.cfg_overlap(sub, pos.clamp_min(0), idx_in, p_cfg, mask, cfg, 1.3)
+    per_row = C.topk_overlap(p_cfg.reshape(-1, K), probs(1.3 * sub.detach(), cfg).reshape(-1, S),
+                             pos.reshape(-1, K))
+    want = per_row[mask.flatten() > 0].mean()
+    assert float(got.detach()) == pytest.approx(float(want), abs=1e-6)
+    got.backward()
+    assert torch.isfinite(sub.grad).all() and sub.grad.abs().sum() > 0

@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -255,3 +257,41 @@ def test_hf_assisted_baseline_runs_with_the_same_draft(real, draft_int8):
         r = E.hf_assisted(target, d, prompt, max_new_tokens=12, cfg=SamplingConfig(0.7),
                           gamma=4, seed=0, eos_token_id=tok.eos_token_id)
         assert 1 <= len(r.tokens) <= 12 and r.target_calls >= 1
+
+
+def test_demo_runs_end_to_end_and_writes_the_promised_json(tmp_path):
+    """`coupling demo` on one prompt and a few tokens: the JSON has the keys issue 5 promises,
+    both drafts run with the calibrated logit scales stored with their weights (override:
+    --draft-logit-scale), and the plot is written."""
+    import json
+
+    from safetensors import safe_open
+
+    from coupling.llm import demo
+
+    out, png = tmp_path / "d.json", tmp_path / "d.png"
+    rc = demo.main(["--prompts", "1", "--max-new-tokens", "6", "--methods",
+                    "hf_assisted,token,block_feature", "--threads", "1", "--no-progress",
+                    "--json", str(out), "--plot", str(png)])
+    assert rc == 0 and png.stat().st_size > 0
+    res = json.loads(out.read_text())
+    assert set(res["baselines"]) == {"autoregressive", "hf_assisted"}
+    for name in ("token", "block_feature"):
+        row = res["rules"][name]
+        for key in ("block_efficiency", "predicted_block_efficiency", "acceptance_rate",
+                    "tokens_per_s", "speedup_vs_autoregressive"):
+            assert math.isfinite(row[key]), (name, key)
+    for b in res["baselines"].values():
+        assert b["tokens_per_s"] > 0
+    stored = {}
+    for key, path in (("draft_logit_scale", models.DRAFT_WEIGHTS),
+                      ("feature_draft_logit_scale", FD.FEATURE_DRAFT_WEIGHTS)):
+        with safe_open(str(path), framework="pt") as f:
+            stored[key] = float(f.get_tensor("logit_scale")[0])
+        assert stored[key] > 1.0
+        assert res["models"][key] == stored[key]
+    assert demo.main(["--prompts", "1", "--max-new-tokens", "2", "--methods", "token",
+                      "--draft-logit-scale", "1", "--no-progress", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["models"]["draft_logit_scale"] == 1.0
+    assert demo.main(["--prompts", "1", "--methods", "token", "--draft-logit-scale", "0",
+                      "--no-progress"]) == 2

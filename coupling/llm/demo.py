@@ -89,6 +89,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-quant", choices=("int8", "none"), default="int8",
                     help="both drafts' own weights and head weight-only int8 (a draft step is "
                          "bound by reading its weights; the target always runs in --dtype)")
+    ap.add_argument("--draft-logit-scale", type=float, default=None,
+                    help="multiply both drafts' logits by this before the sampling transforms "
+                         "(default: the calibrated scale stored with each draft's weights, "
+                         "scripts/calibrate_draft.py; 1 runs them uncalibrated)")
     ap.add_argument("--device", type=str, default="cpu")
     ap.add_argument("--dtype", type=str, default="bfloat16")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -124,7 +128,8 @@ def run(args) -> dict:
 
     t_load = time.perf_counter()
     target = models.load_target(args.dtype, args.device)
-    draft = models.load_draft(target, head_tokens=args.draft_head)
+    draft = models.load_draft(target, head_tokens=args.draft_head,
+                              logit_scale=args.draft_logit_scale)
     draft_params = models.param_count(draft, exclude_shared=True)
     int8 = args.draft_quant == "int8"
     if int8:
@@ -133,7 +138,8 @@ def run(args) -> dict:
     if any(m.drafter == "feature" for m in methods):
         from .feature_draft import load_feature_draft
 
-        fdraft = load_feature_draft(target, head_tokens=args.draft_head)
+        fdraft = load_feature_draft(target, head_tokens=args.draft_head,
+                                    logit_scale=args.draft_logit_scale)
         fdraft_params = sum(v.numel() for v in fdraft.own_state_dict().values())
         if int8:
             fdraft.quantize_int8()
@@ -253,9 +259,11 @@ def run(args) -> dict:
                    "dtype": args.dtype, "device": args.device,
                    "target_params": models.param_count(target),
                    "draft_own_params": draft_params, "draft_quant": args.draft_quant,
+                   "draft_logit_scale": draft.coupling_logit_scale,
                    **({"feature_draft": "fc + 1 decoder layer on the target's final hidden "
                        "states (EAGLE-style; coupling/data/feature_draft_smollm2.safetensors)",
-                       "feature_draft_own_params": fdraft_params}
+                       "feature_draft_own_params": fdraft_params,
+                       "feature_draft_logit_scale": fdraft.logit_scale}
                       if fdraft is not None else {})},
         "settings": {**cfg.as_dict(), "gamma": args.gamma, "max_new_tokens": max_new,
                      "draft_head_tokens": args.draft_head,
@@ -333,7 +341,10 @@ def main(argv: list[str] | None = None) -> int:
     weights = "int8" if mdl["draft_quant"] == "int8" else mdl["dtype"]
     print(f"target: {mdl['target']} ({mdl['target_params'] / 1e6:.0f}M params, "
           f"{mdl['dtype']} on {mdl['device']}); draft: "
-          f"{mdl['draft']} ({mdl['draft_own_params'] / 1e6:.1f}M own params, weights {weights})")
+          f"{mdl['draft']} ({mdl['draft_own_params'] / 1e6:.1f}M own params, weights {weights}, "
+          f"logit scale {mdl['draft_logit_scale']:g}"
+          + (f"; feature draft {mdl['feature_draft_logit_scale']:g}"
+             if "feature_draft_logit_scale" in mdl else "") + ")")
     print(f"sampling: temperature={s['temperature']} top_k={s['top_k']} top_p={s['top_p']}; "
           f"gamma={s['gamma']}; {s['prompts']} prompts x {s['max_new_tokens']} new tokens; "
           f"seed={s['seed']}; {s['torch_threads']} threads")

@@ -49,6 +49,7 @@ from .models import (
     quantize_layer_int8,
     quantize_linears_int8,
     quantized_head_int8,
+    stored_logit_scale,
     write_weights,
 )
 from .sampling import SamplingConfig, probs
@@ -80,6 +81,8 @@ class FeatureDraft(torch.nn.Module):
             self.fc.bias.zero_()
         self.head = target.lm_head
         self.vocab_size = tcfg.vocab_size
+        # calibrated for the sampling settings (coupling.llm.calibrate); 1.0 while training
+        self.logit_scale = 1.0
 
     def quantize_int8(self) -> FeatureDraft:
         """Weight-only int8 for ``fc``, the layer and the head (in place; see
@@ -146,13 +149,17 @@ class FeatureDraft(torch.nn.Module):
         return self.body.norm(x)
 
     def logits(self, feat: torch.Tensor) -> torch.Tensor:
-        """Next-token logits [.., V] from features (``-inf`` outside a subset head)."""
-        return self.head(feat)
+        """Next-token logits [.., V] from features (``-inf`` outside a subset head), times the
+        calibrated ``logit_scale``."""
+        return self._scaled(self.head(feat))
 
     def head_logits(self, feat: torch.Tensor) -> torch.Tensor:
         """Logits over the head's own tokens: [.., n] for a subset head, else [.., V]."""
-        return self.head.subset_logits(feat) if isinstance(self.head, SubsetHead) else \
-            self.head(feat)
+        return self._scaled(self.head.subset_logits(feat) if isinstance(self.head, SubsetHead)
+                            else self.head(feat))
+
+    def _scaled(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits if self.logit_scale == 1.0 else logits * self.logit_scale
 
     def law(self, head_logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
         """q [.., V] from :meth:`head_logits`: ``probs`` over the head's tokens, zero elsewhere.
@@ -172,11 +179,12 @@ def save_feature_draft(draft: FeatureDraft, path: Path = FEATURE_DRAFT_WEIGHTS,
 
 
 def load_feature_draft(target, path: Path | None = None, head_tokens: int | None = 0,
-                       int8: bool = False) -> FeatureDraft:
+                       int8: bool = False, logit_scale: float | None = None) -> FeatureDraft:
     """Rebuild a feature draft on ``target`` from ``path`` (default: ``$COUPLING_FEATURE_DRAFT``,
     else the shipped weights); ``head_tokens`` > 0 restricts its head to that many tokens of the
     file's ranking (as :func:`coupling.llm.models.load_draft`); ``int8`` stores its own weights
-    and head weight-only int8 (:meth:`FeatureDraft.quantize_int8`)."""
+    and head weight-only int8 (:meth:`FeatureDraft.quantize_int8`); ``logit_scale`` ``None``
+    takes the file's calibrated scale (1.0 if none), a number overrides it."""
     from safetensors import safe_open
 
     if path is None:
@@ -199,6 +207,7 @@ def load_feature_draft(target, path: Path | None = None, head_tokens: int | None
     if head_tokens:
         ranking = head_ranking(own, path, head_tokens).to(target.device)
         draft.head = SubsetHead(target.lm_head.weight, ranking)
+    draft.logit_scale = stored_logit_scale(own, logit_scale)
     if int8:
         draft.quantize_int8()
     return draft.eval()

@@ -311,6 +311,31 @@ class SubsetHead(torch.nn.Module):
         return out
 
 
+class ScaledHead(torch.nn.Module):
+    """A draft's LM head with its logits multiplied by a calibrated ``scale`` > 0.
+
+    The scale is part of the draft model, fitted to the sampling settings it is verified under
+    (:mod:`coupling.llm.calibrate`): a draft distilled at temperature 1 is flatter than the
+    target, and sharpening its logits raises the overlap every rule accepts. ``-inf`` logits
+    (outside a :class:`SubsetHead`) stay ``-inf``. Hugging Face assisted generation runs the
+    wrapped draft unchanged, so both engines still share one draft.
+    """
+
+    def __init__(self, inner: torch.nn.Module, scale: float) -> None:
+        super().__init__()
+        from .calibrate import check_logit_scale
+
+        self.inner = inner
+        self.scale = check_logit_scale(scale)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.inner.weight
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.inner(h) * self.scale
+
+
 class Int8Linear(torch.nn.Module):
     """``y = x W^T + b`` with ``W`` stored weight-only int8: ``W ~ diag(s) Wq``, one scale per
     output row, ``s_r = max_c |W_rc| / 127``, ``Wq = round(W / s)`` (symmetric, per channel).
@@ -394,6 +419,9 @@ def quantize_layer_int8(layer: torch.nn.Module) -> None:
 def quantized_head_int8(head: torch.nn.Module) -> torch.nn.Module:
     """An int8 head for a draft: a :class:`SubsetHead` quantizes its own gathered copy; the
     target's full head (shared) is copied into a new :class:`Int8Linear`, never modified."""
+    if isinstance(head, ScaledHead):
+        head.inner = quantized_head_int8(head.inner)
+        return head
     if isinstance(head, SubsetHead):
         head.int8 = Int8Linear(head.weight)
         return head
@@ -462,17 +490,58 @@ def head_ranking(own: dict[str, torch.Tensor], path: Path, head_tokens: int) -> 
 
 def save_draft(draft, spec: DraftSpec, path: Path = DRAFT_WEIGHTS, meta: dict | None = None,
                head_tokens: torch.Tensor | None = None) -> Path:
-    """Write the draft's own weights (bf16 safetensors) and its spec next to them."""
+    """Write the draft's own weights (bf16 safetensors) and its spec next to them.
+
+    Weights are saved uncalibrated: a calibrated scale is fitted to the saved weights
+    afterwards (``scripts/calibrate_draft.py``), so a :class:`ScaledHead` is refused here."""
+    if isinstance(draft.lm_head, ScaledHead):
+        raise ValueError("draft.lm_head is a ScaledHead: save the uncalibrated draft (load it with "
+                         "logit_scale=1.0) and recalibrate with scripts/calibrate_draft.py")
     return write_weights(own_state_dict(draft, spec), path, meta, head_tokens, spec)
 
 
-def load_draft(target, path: Path | None = None, head_tokens: int | None = 0):
+def stored_logit_scale(own: dict[str, torch.Tensor], override: float | None = None) -> float:
+    """The logit scale to run a draft with: ``override`` if given, else the file's calibrated
+    ``logit_scale`` tensor (written by ``scripts/calibrate_draft.py``), else 1.0."""
+    from .calibrate import check_logit_scale
+
+    if override is not None:
+        return check_logit_scale(override)
+    if "logit_scale" in own:
+        return check_logit_scale(float(own["logit_scale"].reshape(-1)[0]), "stored logit_scale")
+    return 1.0
+
+
+def store_logit_scale(path: Path, scale: float, record: dict | None = None) -> None:
+    """Write a calibrated ``logit_scale`` into a weights file: the same tensors and header plus
+    a float64 ``logit_scale`` tensor, and ``record`` merged into its ``.json`` sidecar."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from .calibrate import check_logit_scale
+
+    path = Path(path)
+    with safe_open(str(path), framework="pt") as f:
+        header = dict(f.metadata() or {})
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    tensors["logit_scale"] = torch.tensor([check_logit_scale(scale)], dtype=torch.float64)
+    header["logit_scale"] = str(float(scale))
+    save_file(tensors, str(path), metadata=header)
+    side = path.with_suffix(".json")
+    meta = json.loads(side.read_text()) if side.is_file() else {}
+    meta.update(record or {"logit_scale": float(scale)})
+    side.write_text(json.dumps(meta, indent=2))
+
+
+def load_draft(target, path: Path | None = None, head_tokens: int | None = 0,
+               logit_scale: float | None = None):
     """Rebuild a trained draft on top of ``target`` (shared embeddings / norm / head) from
     ``path`` (default: ``$COUPLING_DRAFT``, else the shipped weights).
 
     ``head_tokens``: 0 keeps the full LM head; n > 0 restricts it to the first n tokens of the
     file's ``head_tokens`` ranking (tokens by target mass on the training corpus), see
-    :class:`SubsetHead`.
+    :class:`SubsetHead`. ``logit_scale``: ``None`` runs the draft with the file's calibrated
+    scale (:class:`ScaledHead`; 1.0 if it has none), a number overrides it (1.0: uncalibrated).
     """
     from safetensors import safe_open
 
@@ -497,6 +566,10 @@ def load_draft(target, path: Path | None = None, head_tokens: int | None = 0):
     draft.coupling_spec = spec
     if head_tokens:
         restrict_head(draft, head_ranking(own, path, head_tokens))
+    scale = stored_logit_scale(own, logit_scale)
+    if scale != 1.0:
+        draft.lm_head = ScaledHead(draft.lm_head, scale)
+    draft.coupling_logit_scale = scale
     return draft.eval()
 
 
@@ -506,7 +579,8 @@ def param_count(model, exclude_shared: bool = False) -> int:
     seen: set[int] = set()
     n = 0
     for k, v in sd.items():
-        if exclude_shared and k in SHARED_KEYS:
+        # a ScaledHead keeps the head it wraps as ``inner``: the tensor is still the shared one
+        if exclude_shared and k.replace("lm_head.inner.", "lm_head.") in SHARED_KEYS:
             continue
         if v.data_ptr() in seen:
             continue

@@ -1,0 +1,89 @@
+#!/usr/bin/env python
+"""Same-process A/B of feature-draft variants: weights files x logit scales, against
+autoregressive sampling measured in the same process.
+
+For each demo prompt (``coupling/data/prompts.json``, 96 new tokens, the demo's sampling
+settings, seed = prompt index): plain autoregressive sampling, then token and block
+verification (gamma = 2) with every variant, int8 weights and the 8192-token head as the demo
+runs them. The variants' order rotates from prompt to prompt, so a machine that speeds up or
+slows down during a prompt does not favour one variant. Printed per variant and rule: block
+efficiency (tokens per target call), tokens/s and the ratio to autoregressive, and per step
+the target call, the draft's calls and everything else (laws, rule, sampling, bookkeeping).
+
+Usage::
+
+    python benchmarks/bench_draft_ab.py                                  # shipped, s = stored vs 1
+    python benchmarks/bench_draft_ab.py --weights A.safetensors --weights B.safetensors
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from coupling.llm import demo, models
+    from coupling.llm import engine as E
+    from coupling.llm.feature_draft import FEATURE_DRAFT_WEIGHTS, FeatureDrafter, load_feature_draft
+    from coupling.llm.sampling import SamplingConfig
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--weights", type=Path, action="append", default=[],
+                    help="feature-draft weights (repeatable; default the shipped file)")
+    ap.add_argument("--scales", type=str, default="stored,1",
+                    help="comma-separated logit scales per weights file; 'stored' = its own")
+    ap.add_argument("--rules", type=str, default="token,block")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    target = models.load_target("bfloat16")
+    tok = models.load_tokenizer()
+    variants = {}
+    for path in args.weights or [FEATURE_DRAFT_WEIGHTS]:
+        for s in args.scales.split(","):
+            scale = None if s == "stored" else float(s)
+            d = load_feature_draft(target, path, head_tokens=8192, int8=True, logit_scale=scale)
+            variants[f"{path.name} s={d.logit_scale:g}"] = d
+    rules = args.rules.split(",")
+    cfg = SamplingConfig(0.7, 50, 0.95)
+    prompts = [models.chat_prompt(tok, t) for t in demo.load_prompts()[: args.prompts]]
+    names = list(variants)
+    tot: dict[str, list[float]] = {}
+
+    def add(name: str, r) -> None:
+        t = tot.setdefault(name, [0, 0.0, 0, 0.0, 0.0])
+        for i, v in enumerate((len(r.tokens), r.seconds, r.target_calls, r.target_seconds,
+                               r.draft_seconds)):
+            t[i] += v
+
+    for i, p in enumerate(prompts):
+        kw = dict(max_new_tokens=args.max_new_tokens, cfg=cfg, seed=i,
+                  eos_token_id=tok.eos_token_id)
+        add("autoregressive", E.autoregressive(target, p, **kw))
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            for rule in rules:
+                add(f"{name} {rule}", E.generate(target, FeatureDrafter(variants[name]), p,
+                                                 rule=rule, gamma=2, **kw))
+        print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
+    n_ar, s_ar = tot["autoregressive"][:2]
+    print(f"{'variant':44s} {'block eff':>9s} {'tok/s':>6s} {'vs AR':>6s} "
+          f"{'target ms/call':>14s} {'draft ms/step':>13s} {'other ms/step':>13s}")
+    for name, (n, s, c, ts, ds) in tot.items():
+        print(f"{name:44s} {n / c:9.3f} {n / s:6.2f} {(n / s) / (n_ar / s_ar):5.3f}x "
+              f"{1e3 * ts / c:14.1f} {1e3 * ds / c:13.2f} {1e3 * (s - ts - ds) / c:13.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
