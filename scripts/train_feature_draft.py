@@ -20,8 +20,13 @@ Method
    {target top-K tokens inside the head subset} + {rest} (the draft's head is restricted to the
    ``--head-tokens`` tokens with most target mass, as at run time), plus ``--reg`` times a
    smooth-L1 regression of ``f^_i`` on ``f_i``.
+   ``--tvd-weight w`` adds ``w * (1 - overlap)`` per pass, with the overlap exact under the demo's
+   sampling settings at logit scale ``--tvd-scale`` (:func:`cfg_overlap`; tried for stage 4, not
+   better than calibrating afterwards, see docs/RESULTS.md).
 4. Report: held-out mean sum_x min(p, q) at temperature 1 for drafted positions 1 and 2 (p known
-   on its top K, so lower bounds), before and after.
+   on its top K, so lower bounds), and exactly under the demo's settings at ``--tvd-scale``,
+   before and after. The output is uncalibrated: fit its logit scale afterwards with
+   ``scripts/calibrate_draft.py --draft feature --write``.
 
 Usage: ``python scripts/train_feature_draft.py [--minutes-train 12] [--n-prompts 960]
 [--prompt-set diverse] [--extra-corpus PATH] [--resume WEIGHTS] [--split prompt]``
@@ -123,14 +128,14 @@ def overlap(sub_logits, pos, idx_in, logp, mask):
     return float((m * mask).sum() / mask.sum().clamp_min(1))
 
 
-def cfg_overlap(sub_logits, pos, idx_in, p_cfg, mask, cfg, scale: float):
-    """Mean exact overlap under the sampling settings: sum_x min(p_cfg, q) with
-    q = probs(scale * logits, cfg) over the head's tokens and p_cfg the target's law under cfg
-    on its stored top K (calibrate.target_law_on_topk). Differentiable in the logits (the
-    kept set is piecewise constant), so 1 - it is a total-variation loss on the very quantity
-    the rules accept (DistillSpec's TVD, at the decoding settings)."""
-    q = probs(scale * sub_logits, cfg).gather(-1, pos) * idx_in
-    m = torch.minimum(p_cfg, q).sum(-1)
+def cfg_overlap(sub_logits, subset_pos_of_topk, p_cfg, mask, cfg, scale: float):
+    """Mean exact overlap under the sampling settings, :func:`calibrate.topk_overlap` of
+    q = probs(scale * logits, cfg) over the head's tokens and p_cfg, the target's law under cfg
+    on its stored top K (``subset_pos_of_topk`` [B, n, K]: -1 outside the head), over the
+    masked pairs. Differentiable in the logits (the kept set is piecewise constant), so 1 - it
+    is a total-variation loss on the very quantity the rules accept (DistillSpec's TVD, at the
+    decoding settings)."""
+    m = calibrate.topk_overlap(p_cfg, probs(scale * sub_logits, cfg), subset_pos_of_topk)
     return (m * mask).sum() / mask.sum().clamp_min(1)
 
 
@@ -140,9 +145,9 @@ def two_pass(draft, W_sub, batch, subset_pos, tvd=None):
     ``tvd = (cfg, scale)`` adds each pass's exact overlap under ``cfg`` (a tensor, for the loss)
     as a fourth entry."""
     ids, f_in, f_tg, valid, idx, logp, lmask = batch
-    pos = subset_pos[idx]
-    idx_in = (pos >= 0).float()
-    pos = pos.clamp_min(0)
+    raw_pos = subset_pos[idx]
+    idx_in = (raw_pos >= 0).float()
+    pos = raw_pos.clamp_min(0)
     p_cfg = calibrate.target_law_on_topk(logp, tvd[0]) if tvd is not None else None
     out = []
     feats = f_in
@@ -153,7 +158,7 @@ def two_pass(draft, W_sub, batch, subset_pos, tvd=None):
         reg = (F.smooth_l1_loss(fh, f_tg, reduction="none").mean(-1) * valid).sum() / valid.sum()
         parts = (kl, reg, overlap(sub.detach(), pos, idx_in, logp, lmask))
         if tvd is not None:
-            parts += (cfg_overlap(sub, pos, idx_in, p_cfg, lmask, *tvd),)
+            parts += (cfg_overlap(sub, raw_pos, p_cfg, lmask, *tvd),)
         out.append(parts)
         # pass 2 input: pair i reads f^_{i-1}; pair 1 keeps the target's f_0
         feats = torch.cat([f_in[:, :1], fh.detach()[:, :-1]], 1)

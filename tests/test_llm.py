@@ -729,12 +729,11 @@ def test_feature_draft_training_overlap_term_is_the_calibration_overlap_and_has_
     lookup = torch.full((V,), -1, dtype=torch.long)
     lookup[subset] = torch.arange(S)
     pos = lookup[idx]
-    idx_in = (pos >= 0).float()
     mask = torch.tensor([[1.0, 1, 0, 1, 1], [0, 1, 1, 1, 0]])
     cfg = SamplingConfig(0.7, 10, 0.95)
     p_cfg = C.target_law_on_topk(logp, cfg)
     sub = (torch.randn(2, 5, S, generator=g) * 2).requires_grad_(True)
-    got = tfd.cfg_overlap(sub, pos.clamp_min(0), idx_in, p_cfg, mask, cfg, 1.3)
+    got = tfd.cfg_overlap(sub, pos, p_cfg, mask, cfg, 1.3)
     per_row = C.topk_overlap(p_cfg.reshape(-1, K), probs(1.3 * sub.detach(), cfg).reshape(-1, S),
                              pos.reshape(-1, K))
     want = per_row[mask.flatten() > 0].mean()

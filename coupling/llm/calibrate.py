@@ -60,7 +60,7 @@ def target_law_on_topk(logp: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
 def topk_overlap(p_topk: torch.Tensor, q: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """``sum_x min(p, q)`` per row, with p known on K tokens (zero elsewhere).
 
-    p_topk [N, K]; q [N, S], the draft's law over its own S tokens; pos [N, K] the index in
+    p_topk [.., K]; q [.., S], the draft's law over its own S tokens; pos [.., K] the index in
     ``q``'s last axis of each of p's tokens, or -1 where the draft cannot propose it.
     """
     inside = pos >= 0
