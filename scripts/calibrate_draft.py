@@ -91,8 +91,7 @@ def main(argv=None) -> int:
         if args.draft_quant == "int8":
             models.quantize_draft_int8(draft)
         tokens = draft.lm_head.tokens
-    lookup = torch.full((target.config.vocab_size,), -1, dtype=torch.long)
-    lookup[tokens] = torch.arange(tokens.numel())
+    lookup = C.subset_positions(tokens, target.config.vocab_size)
 
     corpora = args.corpus or [models.cache_dir() / name for name in DEFAULT_CORPORA]
     logits: list[list[torch.Tensor]] = []

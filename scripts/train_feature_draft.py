@@ -242,8 +242,7 @@ def main(argv=None) -> int:
     subset = ranking[:args.head_tokens].long()
     print(f"head subset {args.head_tokens}: mean target mass covered "
           f"{train_draft.coverage(data, ranking, args.head_tokens):.4f}")
-    subset_pos = torch.full((V,), -1, dtype=torch.long)
-    subset_pos[subset] = torch.arange(len(subset))
+    subset_pos = calibrate.subset_positions(subset, V)
     W_sub = target.lm_head.weight.detach()[subset].float()
 
     rng = random.Random(args.seed)

@@ -631,6 +631,7 @@ def test_overlap_by_scale_finds_the_scale_that_undoes_a_flat_draft(flat, seed):
     subset = torch.randperm(V, generator=g)[:90]            # the draft's head: 90 of 120 tokens
     lookup = torch.full((V,), -1, dtype=torch.long)
     lookup[subset] = torch.arange(90)
+    assert torch.equal(C.subset_positions(subset, V), lookup)
     pos = lookup[idx]
     draft = logits[:, subset] / flat
     grid = tuple(round(1.0 + 0.05 * i, 2) for i in range(25))

@@ -57,6 +57,14 @@ def target_law_on_topk(logp: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     return probs(logp, cfg)
 
 
+def subset_positions(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[V] int64: the index of each vocabulary token in a draft head's ``tokens``, -1 for tokens
+    the head cannot propose (the ``pos`` lookup of :func:`topk_overlap`)."""
+    pos = torch.full((vocab_size,), -1, dtype=torch.long, device=tokens.device)
+    pos[tokens.long()] = torch.arange(tokens.numel(), device=tokens.device)
+    return pos
+
+
 def topk_overlap(p_topk: torch.Tensor, q: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
     """``sum_x min(p, q)`` per row, with p known on K tokens (zero elsewhere).
 
