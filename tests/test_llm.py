@@ -145,6 +145,60 @@ def test_block_on_the_same_drafts_never_below_token(seed, g, V):
     assert 1.0 <= tok <= blk + 1e-12 <= g + 1 + 1e-12
 
 
+@given(st.integers(0, 2**31 - 1), st.sampled_from([("token", 1), ("block", 1), ("gumbel", 1),
+                                                   ("kseq", 2), ("rrs", 3), ("rrs_wor", 2),
+                                                   ("optimal", 2)]),
+       st.integers(1, 4), st.integers(4, 30))
+@settings(max_examples=150, deadline=None)
+def test_compressed_decisions_equal_full_vocabulary_decisions(seed, rule_k, g, top):
+    """The adapter hands a rule only the tokens where some p or q has mass (and gumbel their
+    keyed noise); every verdict equals the one on the full vocabulary."""
+    rule, k = rule_k
+    if rules_adapter.available().get(rule):
+        return
+    Vbig = 300
+    cfg = SamplingConfig(1.0, top_k=top)
+
+    def laws(prefix: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+        # a context-dependent pair of models: branches with one prefix share their laws
+        gen = torch.Generator().manual_seed(hash((seed,) + prefix) % 2**31)
+        lp = torch.randn(Vbig, generator=gen, dtype=torch.float64) * 2
+        lq = lp + torch.randn(Vbig, generator=gen, dtype=torch.float64)
+        return probs(lp[None], cfg)[0].float(), probs(lq[None], cfg)[0].float()
+
+    gen = torch.Generator().manual_seed(seed)
+    drafts = torch.zeros(k, g, dtype=torch.long)
+    p = torch.zeros(k, g + 1, Vbig)
+    q = torch.zeros(k, g, Vbig)
+    for j in range(k):
+        for i in range(g + 1):
+            p[j, i], qi = laws(tuple(drafts[j, :i].tolist()))
+            if i == g:
+                break
+            q[j, i] = qi
+            if rule == "gumbel":
+                drafts[j, i] = rules_adapter.gumbel_draft(qi[None], seed % 97, 40 + i)[0]
+            elif rule == "rrs_wor" and i == 0:
+                if j == 0:
+                    first = torch.multinomial(qi, k, replacement=False, generator=gen)
+                drafts[j, 0] = first[j]
+            else:
+                drafts[j, i] = torch.multinomial(qi, 1, generator=gen)[0]
+    got = [rules_adapter.decide(rule, drafts, q, p, seed % 97, 40, compress=c)
+           for c in (True, False)]
+    assert got[0] == got[1]
+
+
+def test_compressed_decide_refuses_a_draft_outside_both_supports():
+    p = torch.tensor([[[0.5, 0.5, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]]])
+    q = torch.tensor([[[0.0, 1.0, 0.0, 0.0]]])
+    assert rules_adapter.decide("token", torch.tensor([[1]]), q, p, 0, 5)[0] in (0, 1)
+    with pytest.raises(ValueError, match="q = 0"):
+        rules_adapter.decide("token", torch.tensor([[3]]), q, p, 0, 5)
+    assert rules_adapter.support(p, q).tolist() == [0, 1, 2, 3]
+    assert rules_adapter.support(q).tolist() == [1]
+
+
 # --------------------------------------------------------------------------- cache rollback
 
 
@@ -172,6 +226,95 @@ def test_cache_sync_equals_fresh_recomputation(pair):
     seq2 = seq + [3, 8]
     got = lm.forward(torch.tensor([lm.sync(seq2)]))[0, -1].float()
     torch.testing.assert_close(got, fresh_next_logits(target, seq2), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fed,k,g,branch", [(1, 2, 2, 1), (2, 3, 3, 2), (1, 3, 1, 0),
+                                            (3, 2, 4, 1)])
+def test_forward_tree_scores_each_branch_as_its_own_sequence(pair, fed, k, g, branch):
+    """One row with tree attention gives every branch the logits of prefix + fed + branch,
+    and after select_branch the cache, the token record and the feature store are those of
+    the chosen sequence alone, through a later rollback into the branch too (float32)."""
+    target, _ = pair
+    gen = torch.Generator().manual_seed(100 * fed + 10 * k + g)
+    held = [1, 2, 3, 4]
+    feed = torch.randint(0, V, (fed,), generator=gen).tolist()
+    drafts = torch.randint(0, V, (k, g), generator=gen)
+    lm = E.CachedLM(target)
+    lm.keep_features = True
+    E.prefill(lm, held + [0])            # caches `held`; the branches go after the cache
+    flat, rows = lm.forward_tree(feed, drafts)
+    assert flat.shape == (1 + k * g, V) and rows.shape == (k, g + 1)
+    logits = flat[rows]
+    for j in range(k):
+        seq = held + feed + drafts[j].tolist()
+        torch.testing.assert_close(logits[j].float(),
+                                   fresh_logits(target, seq)[len(held) + fed - 1:],
+                                   atol=1e-5, rtol=1e-5)
+    lm.select_branch(branch)
+    seq = held + feed + drafts[branch].tolist()
+    assert lm.tokens == [seq] and lm.cache.get_seq_length() == len(seq)
+    with torch.no_grad():
+        ref = target(torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0]
+    torch.testing.assert_close(lm.feats[0], ref, atol=1e-5, rtol=1e-5)
+    for nxt in (seq + [7], seq[: len(held) + fed + 1] + [8, 9]):   # keep all, roll back
+        got = lm.forward(torch.tensor([lm.sync(nxt)]))[0, -1].float()
+        torch.testing.assert_close(got, fresh_next_logits(target, nxt), atol=1e-5, rtol=1e-5)
+        assert lm.tokens[0] == nxt
+
+
+def fresh_logits(model, seq):
+    with torch.no_grad():
+        return model(torch.tensor([seq])).logits[0].float()
+
+
+def test_forward_tree_guards_and_the_batch_fallback(pair, monkeypatch):
+    target, draft = pair
+    lm = E.CachedLM(target)
+    E.prefill(lm, [1, 2, 3])
+    with pytest.raises(RuntimeError, match="pending forward_tree"):
+        lm.select_branch(0)
+    lm.forward_tree([3], torch.tensor([[1], [2]]))
+    with pytest.raises(RuntimeError, match="select_branch"):
+        lm.forward(torch.tensor([[1]]))
+    with pytest.raises(RuntimeError, match="select_branch"):
+        lm.sync([1, 2, 3, 4])
+    with pytest.raises(RuntimeError, match="pending"):
+        lm.forward_tree([3], torch.tensor([[1], [2]]))
+    with pytest.raises(ValueError, match="branch=2"):
+        lm.select_branch(2)
+    lm.select_branch(1)
+    assert lm.tokens == [[1, 2, 3, 2]] and lm.cache.get_seq_length() == 4
+    assert E.supports_tree(target)
+    monkeypatch.setattr(E, "TREE_MODEL_TYPES", ("gpt2",))
+    assert not E.supports_tree(target)
+    with pytest.raises(ValueError, match="tree_attention"):
+        E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=4, rule="rrs", k=2,
+                   tree_attention=True)
+    r = E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=4, rule="rrs", k=2)
+    assert len(r.tokens) == 4            # unsupported models fall back to a batch of k rows
+
+
+@pytest.mark.parametrize("rule,k,drafter", [("kseq", 2, "model"), ("rrs", 3, "model"),
+                                            ("rrs_wor", 2, "model"), ("optimal", 2, "model"),
+                                            ("rrs", 2, "feature")])
+def test_tree_and_batch_layouts_make_the_same_decisions(pair, rule, k, drafter):
+    """Both layouts score the same branches (float32: p agree to ~1e-7) with the same
+    generator, so every decision and the whole stream coincide."""
+    if rules_adapter.available().get(rule):
+        pytest.skip(rules_adapter.available()[rule])
+    target, draft = pair
+    torch.manual_seed(3)
+    fdraft = FD.FeatureDraft(target).eval()
+    runs = []
+    for tree in (True, False):
+        d = E.ModelDrafter(draft) if drafter == "model" else FD.FeatureDrafter(fdraft)
+        runs.append(E.generate(target, d, PROMPT, max_new_tokens=40, rule=rule, gamma=3, k=k,
+                               cfg=SamplingConfig(1.0), seed=4, tree_attention=tree))
+    tree, batch = runs
+    assert tree.tokens == batch.tokens
+    assert [(s.accepted, s.branch) for s in tree.steps] == \
+        [(s.accepted, s.branch) for s in batch.steps]
+    assert any(s.branch > 0 and s.accepted > 0 for s in tree.steps), "no later branch kept"
 
 
 @pytest.mark.parametrize("rule,k", [("token", 1), ("block", 1)])
@@ -227,13 +370,14 @@ def exact_two_token_law(target, prompt, cfg):
 
 
 def two_token_counts(target, draft, prompt, cfg, rule, k, n, gamma=2, replacement=True,
-                     drafter=None):
+                     drafter=None, tree=None):
     counts = np.zeros((V, V))
     dr = drafter or E.ModelDrafter(draft)
     tlm = E.CachedLM(target)
     for s in range(n):
         r = E.generate(target, dr, prompt, max_new_tokens=2, rule=rule, gamma=gamma, k=k,
-                       cfg=cfg, seed=10_000 + s, target=tlm, replacement=replacement)
+                       cfg=cfg, seed=10_000 + s, target=tlm, replacement=replacement,
+                       tree_attention=tree)
         counts[r.tokens[0], r.tokens[1]] += 1
     return counts
 
@@ -252,15 +396,18 @@ PROMPT = [1, 2, 3]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("rule,k", [("token", 1), ("block", 1), ("kseq", 2), ("rrs", 2),
-                                    ("rrs_wor", 2), ("gumbel", 1), ("optimal", 2)])
-def test_first_two_tokens_follow_the_target_law(pair, rule, k):
+@pytest.mark.parametrize("rule,k,tree", [("token", 1, None), ("block", 1, None),
+                                         ("kseq", 2, True), ("rrs", 2, True),
+                                         ("rrs_wor", 2, True), ("gumbel", 1, None),
+                                         ("optimal", 2, True), ("rrs", 2, False)])
+def test_first_two_tokens_follow_the_target_law(pair, rule, k, tree):
+    """k > 1 branches verified as one row with tree attention, and (rrs) as a batch of k."""
     reason = rules_adapter.available().get(rule)
     if reason:
         pytest.skip(reason)
     target, draft = pair
     law = exact_two_token_law(target, PROMPT, CFG3)
-    counts = two_token_counts(target, draft, PROMPT, CFG3, rule, k, n=1000)
+    counts = two_token_counts(target, draft, PROMPT, CFG3, rule, k, n=1000, tree=tree)
     # false-positive rate 1e-3 per rule (fixed seeds: deterministic)
     assert chi2_pvalue(counts, law) > 1e-3
 

@@ -121,9 +121,11 @@ def test_feature_drafter_laws_match_fresh_recomputation_float32(real, real32, ru
         assert 0.5 * (fresh - q).abs().sum().item() < 1e-4
 
 
-@pytest.mark.parametrize("rule,k", [("token", 1), ("kseq", 4)])
-def test_rollback_matches_fresh_recomputation_float32(real, real32, rule, k):
-    """In float32 the cached, rolled-back, branch-selected logits equal a fresh full pass."""
+@pytest.mark.parametrize("rule,k,tree", [("token", 1, None), ("kseq", 4, True),
+                                         ("kseq", 4, False)])
+def test_rollback_matches_fresh_recomputation_float32(real, real32, rule, k, tree):
+    """In float32 the cached, rolled-back, branch-selected logits equal a fresh full pass,
+    with k branches verified as one row with tree attention and as a batch of k rows."""
     if rules_adapter.available().get(rule):
         pytest.skip(rules_adapter.available()[rule])
     _, _, _, prompt = real
@@ -131,8 +133,10 @@ def test_rollback_matches_fresh_recomputation_float32(real, real32, rule, k):
     cfg = SamplingConfig(1.0)
     tlm = E.CachedLM(target)
     res = E.generate(target, E.ModelDrafter(draft), prompt, max_new_tokens=30, rule=rule,
-                     gamma=3, k=k, cfg=cfg, seed=0, target=tlm)
+                     gamma=3, k=k, cfg=cfg, seed=0, target=tlm, tree_attention=tree)
     assert any(s.accepted < s.drafted for s in res.steps), "no rejection: rollback untested"
+    if k > 1:
+        assert any(s.branch > 0 and s.accepted > 0 for s in res.steps), "no later branch kept"
     seq = prompt + res.tokens
     feed = tlm.sync(seq)
     assert tlm.tokens[0] == seq[: len(tlm.tokens[0])]

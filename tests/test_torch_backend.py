@@ -272,6 +272,19 @@ def test_gumbel_noise_is_standard_gumbel_and_reproducible():
     assert not torch.equal(g[0], g[1])
 
 
+def test_gumbel_noise_at_tokens_is_the_full_vectors_entries():
+    seeds, pos = torch.tensor([3, 4])[:, None], torch.tensor([7, 9, 11])[None]      # -> [2, 3]
+    full = gumbel_noise(seeds, pos, 1000, dtype=torch.float64)
+    tokens = torch.tensor([0, 5, 17, 999])
+    at = gumbel_noise(seeds, pos, 1000, tokens=tokens, dtype=torch.float64)
+    assert at.shape == (2, 3, 4) and torch.equal(at, full[..., tokens])
+    assert gumbel_noise(seeds, pos, 1000, tokens=tokens[:0]).shape == (2, 3, 0)
+    for bad in (torch.tensor([1000]), torch.tensor([-1]), torch.tensor([[1]]),
+                torch.tensor([0.5])):
+        with pytest.raises(ValueError, match="tokens"):
+            gumbel_noise(seeds, pos, 1000, tokens=bad)
+
+
 # ----------------------------------------------------------------------------- coin for coin
 @pytest.mark.parametrize("rule", ["token", "block"])
 @pytest.mark.parametrize("zeros", [False, True])

@@ -93,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
                     help="multiply both drafts' logits by this before the sampling transforms "
                          "(default: the calibrated scale stored with each draft's weights, "
                          "scripts/calibrate_draft.py; 1 runs them uncalibrated)")
+    ap.add_argument("--multi-draft-layout", choices=("tree", "batch"), default="tree",
+                    help="verify k > 1 branches as one row with tree attention (one call of "
+                         "1 + k * gamma tokens) or as a batch of k rows over a repeated cache")
     ap.add_argument("--device", type=str, default="cpu")
     ap.add_argument("--dtype", type=str, default="bfloat16")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -147,6 +150,10 @@ def run(args) -> dict:
     t_load = time.perf_counter() - t_load
     V = target.config.vocab_size
     eos = tok.eos_token_id
+    tree = args.multi_draft_layout == "tree"
+    if tree and not E.supports_tree(target):
+        raise ValueError("--multi-draft-layout tree: this target does not take a custom "
+                         "attention mask; use --multi-draft-layout batch")
 
     avail = rules_adapter.available()
     skipped: dict[str, str] = {}
@@ -179,7 +186,8 @@ def run(args) -> dict:
                                  gamma=args.gamma, seed=seed, eos_token_id=eos)
         return E.generate(target, drafter_for(m), prompt, max_new_tokens=n, rule=m.rule,
                           gamma=args.gamma, k=m.k, cfg=cfg, seed=seed, eos_token_id=eos,
-                          replacement=m.replacement, predict=True)
+                          replacement=m.replacement, predict=True,
+                          tree_attention=tree if m.k > 1 else None)
 
     # warm-up (first calls allocate, build kernels): not timed
     for m in runnable:
@@ -267,6 +275,7 @@ def run(args) -> dict:
                       if fdraft is not None else {})},
         "settings": {**cfg.as_dict(), "gamma": args.gamma, "max_new_tokens": max_new,
                      "draft_head_tokens": args.draft_head,
+                     "multi_draft_layout": "tree" if tree else "batch",
                      "prompts": n_prompts, "seed": args.seed, "quick": bool(args.quick),
                      "torch_threads": torch.get_num_threads(), "load_seconds": t_load,
                      "machine": platform.processor() or platform.machine(),

@@ -1,18 +1,22 @@
 """Speculative generation on real Hugging Face causal LMs, gpt-fast style.
 
-One request (batch of one sequence); ``k`` draft branches run as a batch of ``k`` through the draft
-and the target. Four short functions do the work:
+One request (batch of one sequence); ``k`` draft branches run as a batch of ``k`` through the draft,
+and through the target as one row with tree attention (or, for models that do not take a custom
+attention mask, as a batch of ``k``). Four short functions do the work:
 
 ``prefill``      feed the prompt (all but its last token) into a model's KV cache.
 ``draft_block``  sample ``k`` branches of ``gamma`` tokens from the draft (k i.i.d. branches, or
                  for ``rrs`` without replacement k *distinct* first tokens by successive sampling,
                  each branch then a single chain), recording the exact laws ``q`` they came from.
 ``verify``       one target call on ``[pending tokens, branch tokens]`` for all k branches
-                 (batch k), giving ``p`` along every branch, then the batched rule from
-                 :mod:`coupling.torch_backend` decides accepted length, branch and next token.
+                 (one row ``[pending, branch_0, .., branch_{k-1}]`` whose tokens see only their
+                 own branch, :meth:`CachedLM.forward_tree`; or a batch of k rows), giving ``p``
+                 along every branch; then the batched rule from :mod:`coupling.torch_backend`
+                 decides accepted length, branch and next token.
 ``generate``     the loop; after each step both KV caches are rolled back (``DynamicCache.crop``
                  with a negative count) to the longest prefix that is still the committed text,
-                 and the chosen branch is selected (``batch_select_indices``).
+                 and the chosen branch is selected (its cache entries moved next to the prefix,
+                 :meth:`CachedLM.select_branch`; or ``batch_select_indices`` on k rows).
 
 Drafters: :class:`ModelDrafter` (any causal LM with the target's tokenizer),
 :class:`coupling.llm.feature_draft.FeatureDrafter` (EAGLE-style: reads the target's final
@@ -70,6 +74,8 @@ class CachedLM:
         # final-normed hidden states [rows, len(tokens), d], kept only for feature drafters
         self.keep_features = False
         self.feats: torch.Tensor | None = None
+        # (cache length before the branches, branch tokens) between forward_tree / select_branch
+        self.tree: tuple[int, list[list[int]]] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -81,6 +87,7 @@ class CachedLM:
         self.cache = DynamicCache()
         self.tokens = [[]]
         self.feats = None
+        self.tree = None
 
     def sync(self, seq: list[int]) -> list[int]:
         """Crop the cache to the longest common prefix with ``seq``; return the tokens to feed.
@@ -88,8 +95,9 @@ class CachedLM:
         Keeps at most ``len(seq) - 1`` tokens so that at least one token is fed and the logits
         of the next position come out of the next forward pass.
         """
-        if len(self.tokens) != 1:
-            raise RuntimeError("sync needs a single-row cache; call select() after a branch step")
+        if len(self.tokens) != 1 or self.tree is not None:
+            raise RuntimeError("sync needs a single-row cache; call select() / select_branch() "
+                               "after a branch step")
         held = self.tokens[0]
         n = 0
         limit = min(len(held), len(seq) - 1)
@@ -106,6 +114,8 @@ class CachedLM:
     @torch.no_grad()
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Append ``ids`` [rows, n] to the cache; return logits [rows, n, V] (model dtype)."""
+        if self.tree is not None:
+            raise RuntimeError("a forward_tree call is pending; call select_branch() first")
         if ids.shape[0] != len(self.tokens):
             raise ValueError(f"ids has {ids.shape[0]} rows but the cache holds {len(self.tokens)}")
         t0 = time.perf_counter()
@@ -134,6 +144,85 @@ class CachedLM:
         if self.feats is not None:
             self.feats = self.feats.expand(rows, -1, -1).contiguous()
         self.tokens = [list(self.tokens[0]) for _ in range(rows)]
+
+    @torch.no_grad()
+    def forward_tree(self, feed: list[int],
+                     drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Score k draft branches in one call of a single row, by tree attention.
+
+        The row is ``[feed, branch_0, ..., branch_{k-1}]`` (``1 + k * g`` tokens when one token
+        is fed). A branch's token attends to the cached prefix, to ``feed`` and to its own
+        branch's earlier tokens, and takes the position it would have in its branch alone, so
+        its logits are those of the sequence ``prefix + feed + branch_j``:
+
+            mask[a, b] = 1  iff  b is cached, or b <= a within feed, or a in branch j and
+                                 (b in feed, or b in branch j with b <= a)
+
+        Returns ``(logits, rows)``: logits [1 + k * g, V] of the last fed token and of the
+        branch tokens in row order, and int64 rows [k, g + 1] with ``logits[rows[j]]`` branch
+        j's logits (row 0, the last fed token's, is common to all branches, so laws computed
+        on ``logits`` cost 1 + k * g rows instead of k * (g + 1)).
+
+        Why: on a CPU a batch of k rows costs about k times the attention and a repeated KV
+        cache, while one row of ``1 + k * g`` tokens costs about what a ``1 + g``-token call
+        does (``benchmarks/bench_tree.py``). Call :meth:`select_branch` before the next call.
+        """
+        if len(self.tokens) != 1 or self.tree is not None:
+            raise RuntimeError("forward_tree needs a single-row cache with no branch pending")
+        k, g = drafts.shape
+        n0, f = len(self.tokens[0]), len(feed)
+        dev = self.device
+        pos = torch.cat([torch.arange(n0, n0 + f), torch.arange(n0 + f, n0 + f + g).repeat(k)])
+        q_len = f + k * g
+        allowed = torch.ones(q_len, n0 + q_len, dtype=torch.bool)
+        new = allowed[:, n0:]
+        new.zero_()
+        new[:, :f] = True
+        new[:f, :f] = torch.ones(f, f, dtype=torch.bool).tril()
+        new[f:, f:] = torch.block_diag(*[torch.ones(g, g, dtype=torch.bool).tril()] * k)
+        dtype = next(self.model.parameters()).dtype
+        # additive float mask: read the same way by the sdpa and eager attention paths
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed,
+                                                                    torch.finfo(dtype).min)
+        ids = torch.cat([torch.tensor(feed, dtype=torch.long), drafts.reshape(-1).cpu()])[None]
+        t0 = time.perf_counter()
+        out = self.model(input_ids=ids.to(dev), position_ids=pos[None].to(dev),
+                         attention_mask=mask[None, None].to(dev), cache=self.cache,
+                         use_cache=True, output_hidden_states=self.keep_features)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        if self.keep_features:
+            h = out.hidden_states[-1]
+            self.feats = h if self.feats is None or self.feats.shape[1] == 0 else \
+                torch.cat([self.feats, h], 1)
+        self.tree = (n0 + f, drafts.tolist())
+        self.tokens = [self.tokens[0] + feed]
+        rows = torch.cat([torch.zeros(k, 1, dtype=torch.long),
+                          1 + torch.arange(k * g).reshape(k, g)], 1)            # [k, g + 1]
+        return out.logits[0, f - 1:], rows.to(dev)
+
+    def select_branch(self, branch: int) -> None:
+        """After :meth:`forward_tree`: keep the chosen branch's entries, contiguous after feed."""
+        if self.tree is None:
+            raise RuntimeError("select_branch needs a pending forward_tree call")
+        base, branches = self.tree
+        k, g = len(branches), len(branches[0])
+        if not 0 <= branch < k:
+            raise ValueError(f"branch={branch} must be in [0, {k})")
+        src = base + branch * g
+        if branch:
+            for layer in self.cache.layers:
+                layer.keys[:, :, base:base + g] = layer.keys[:, :, src:src + g].clone()
+                layer.values[:, :, base:base + g] = layer.values[:, :, src:src + g].clone()
+            if self.feats is not None:
+                self.feats[:, base:base + g] = self.feats[:, src:src + g].clone()
+        drop = (k - 1) * g
+        if drop:
+            self.cache.crop(-drop)
+            if self.feats is not None:
+                self.feats = self.feats[:, :base + g]
+        self.tokens = [self.tokens[0] + branches[branch]]
+        self.tree = None
 
     def select(self, row: int) -> None:
         """Keep only batch row ``row`` of the cache (the branch the verifier chose)."""
@@ -375,34 +464,63 @@ class GenerationResult:
 
 def verify(target: CachedLM, seq: list[int], drafts: torch.Tensor, q: torch.Tensor, rule: str,
            cfg: SamplingConfig, seed: int, *, replacement: bool = True,
-           record=None) -> tuple[int, int, list[int], torch.Tensor]:
+           tree: bool = False) -> tuple[int, int, list[int], torch.Tensor]:
     """One target call on all k branches; the backend rule decides. Returns
-    (accepted length m, chosen branch c, emitted tokens (m drafted + 1), p [k, g+1, V])."""
+    (accepted length m, chosen branch c, emitted tokens (m drafted + 1), p [k, g+1, V]).
+
+    k > 1 branches go through the target as one row with tree attention when ``tree``
+    (:meth:`CachedLM.forward_tree`), else as a batch of k rows sharing a repeated KV cache.
+    """
     k, g = drafts.shape
     feed = target.sync(seq)
-    target.expand(k)
-    ids = torch.cat([torch.tensor([feed], device=drafts.device).expand(k, -1), drafts], 1)
-    logits = target.forward(ids)[:, len(feed) - 1:]           # [k, g+1, V]
-    p = probs(logits, cfg)
+    if k > 1 and tree:
+        logits, rows = target.forward_tree(feed, drafts)      # [1 + k g, V], one row
+        p = probs(logits, cfg)[rows]                          # [k, g+1, V]
+    else:
+        target.expand(k)
+        ids = torch.cat([torch.tensor([feed], device=drafts.device).expand(k, -1), drafts], 1)
+        logits = target.forward(ids)[:, len(feed) - 1:]       # [k, g+1, V], k rows
+        p = probs(logits, cfg)
     position = len(seq)
     from . import rules_adapter
 
     m, c, emitted = rules_adapter.decide(rule, drafts, q, p, seed, position,
                                          replacement=replacement)
-    target.select(c)
+    if k > 1 and tree:
+        target.select_branch(c)
+    else:
+        target.select(c)
     return m, c, emitted, p
+
+
+TREE_MODEL_TYPES = ("llama",)
+
+
+def supports_tree(model) -> bool:
+    """Whether :meth:`CachedLM.forward_tree` may be used on ``model``.
+
+    Tree attention needs a model that takes a custom 4D additive mask and explicit
+    ``position_ids`` unchanged; in transformers 5 the Llama family does (SmolLM2 is a Llama),
+    with the sdpa or eager attention. Other models verify k branches as a batch of k rows.
+    """
+    cfg = getattr(model, "config", None)
+    return (getattr(cfg, "model_type", None) in TREE_MODEL_TYPES
+            and getattr(cfg, "_attn_implementation", None) in ("sdpa", "eager"))
 
 
 def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_new_tokens: int,
              rule: str = "token", gamma: int = 4, k: int = 1, cfg: SamplingConfig | None = None,
              seed: int = 0, eos_token_id: int | None = None, replacement: bool = True,
              target: CachedLM | None = None, record_alpha: bool = True,
-             predict: bool = False, on_step=None) -> GenerationResult:
+             predict: bool = False, on_step=None,
+             tree_attention: bool | None = None) -> GenerationResult:
     """Speculative sampling of up to ``max_new_tokens`` tokens after ``prompt``.
 
     ``drafter=None`` or ``gamma=0`` gives plain autoregressive sampling through the same cache
     code (``rule="gumbel"`` then samples with the backend's Gumbel noise at (seed, position)).
     ``on_step(record, drafts, q, p)`` is called after each verification (trace recording).
+    ``tree_attention``: verify k > 1 branches as one row with tree attention (default: when
+    :func:`supports_tree`), else as a batch of k rows.
     """
     cfg = cfg or SamplingConfig()
     if max_new_tokens < 1:
@@ -416,6 +534,12 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
 
     rules_adapter.check_available(rule)
     tlm = target or CachedLM(target_model)
+    if tree_attention is None:
+        tree_attention = supports_tree(tlm.model)
+    elif tree_attention and not supports_tree(tlm.model):
+        raise ValueError(f"tree_attention=True, but model type "
+                         f"{getattr(tlm.model.config, 'model_type', None)!r} is not one of "
+                         f"{TREE_MODEL_TYPES} with sdpa/eager attention; pass False")
     t0 = time.perf_counter()
     tlm.calls, tlm.seconds = 0, 0.0
     # a feature drafter (EAGLE-style) reads the target's hidden states
@@ -456,7 +580,7 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
                                     block_on_drafts=exact))
         else:
             m, c, emitted, p = verify(tlm, seq, drafts, q, rule, cfg, seed,
-                                      replacement=replacement)
+                                      replacement=replacement, tree=tree_attention)
             drafter.accept(c)
             rec = StepRecord(int(drafts.shape[1]), m, c)
             if record_alpha:

@@ -39,12 +39,31 @@ def check_available(rule: str) -> None:
         raise ValueError(reason)
 
 
+def support(*laws: torch.Tensor) -> torch.Tensor:
+    """Sorted int64 ids of the tokens with positive mass in any row of any law [..., V]."""
+    top = None
+    for law in laws:
+        m = law.reshape(-1, law.shape[-1]).amax(0)   # one float reduction: 3x faster than any()
+        top = m if top is None else torch.maximum(top, m)
+    return (top > 0).nonzero().squeeze(-1)
+
+
 def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, seed: int,
-           position: int, *, replacement: bool = True) -> tuple[int, int, list[int]]:
+           position: int, *, replacement: bool = True,
+           compress: bool = True) -> tuple[int, int, list[int]]:
     """Verify one request's k branches.
 
     drafts int64 [k, g], q float32 [k, g, V], p float32 [k, g+1, V];
     returns (accepted m, chosen branch c, emitted tokens = m drafted tokens + next token).
+
+    ``compress``: hand the rule only the U tokens where some p or q has mass (U <= k (2g + 1)
+    x 50 under top-k 50, against V = 49152), renumbered in vocabulary order, and map its
+    tokens back. The rules read p and q only through their values and sample residuals by
+    inverse CDF in vocabulary order, where tokens of zero mass add nothing, so the decisions
+    are those on the full vocabulary (``tests/test_llm.py`` checks it rule by rule).
+    ``gumbel``, the one rule keyed by token ids, gets the keyed noise of the kept tokens
+    (``gumbel_noise(tokens=)``: the very entries of the full vectors). On a CPU the rules'
+    passes over V then cost next to nothing, and gumbel skips hashing V entries per position.
     """
     from coupling import torch_backend as tb
 
@@ -52,39 +71,60 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
     kwargs = {}
     if name == "rrs":
         kwargs["replacement"] = replacement and rule != "rrs_wor"
+    idx = None
+    if compress:
+        V = p.shape[-1]
+        idx = support(p, q)
+        x = torch.searchsorted(idx, drafts).clamp_(max=max(idx.numel() - 1, 0))
+        if idx.numel() == 0 or not torch.equal(idx[x], drafts):
+            raise ValueError("drafts: a drafted token has q = 0 and p = 0, outside the support "
+                             "of the laws; drafts must be sampled from q")
+        drafts, p, q = x, p[..., idx], q[..., idx]
+        if name == "gumbel":
+            g = drafts.shape[1]
+            kwargs["noise"] = tb.gumbel_noise(
+                torch.tensor(seed, device=p.device),
+                position + torch.arange(g + 1, device=p.device), V, tokens=idx,
+                dtype=torch.float64, device=p.device)[None]                    # [1, g+1, U]
     verdict = tb.verify(name, drafts[None], p[None], q[None],
                         seeds=torch.tensor([seed], device=drafts.device),
                         positions=torch.tensor([position], device=drafts.device), **kwargs)
     m = int(verdict.accepted[0])
     c = int(verdict.branch[0])
-    toks = verdict.tokens[0, : m + 1].tolist()
-    return m, c, toks
+    toks = verdict.tokens[0, : m + 1]
+    return m, c, (toks if idx is None else idx[toks]).tolist()
+
+
+def _gumbel_argmax(law: torch.Tensor, seed: int, position: int) -> torch.Tensor:
+    """argmax_v log law[r, v] + G(seed, position, v) per row r of law [rows, V] (float64).
+
+    Only tokens of positive mass can win, so the noise is hashed on the support alone
+    (``gumbel_noise(tokens=)``); the winner is the full-vocabulary argmax, bit for bit.
+    """
+    from coupling.torch_backend import gumbel_noise
+
+    idx = support(law)
+    g = gumbel_noise(torch.tensor(seed, device=law.device),
+                     torch.tensor(position, device=law.device), law.shape[-1], tokens=idx,
+                     dtype=torch.float64, device=law.device)                    # [U]
+    return idx[torch.argmax(law[:, idx].double().log() + g, -1)]
 
 
 def sample_target(rule: str, p: torch.Tensor, seed: int, position: int,
                   gen: torch.Generator | None = None) -> int:
     """Plain sample from p [1, V] keyed by (seed, position) (see module docstring)."""
-    from coupling.torch_backend import gumbel_noise, sample_rows, uniforms
+    from coupling.torch_backend import sample_rows, uniforms
     from coupling.torch_backend.rng import STREAM_SAMPLE
 
+    if rule == "gumbel":
+        return int(_gumbel_argmax(p, seed, position)[0])
     seeds = torch.tensor([seed], device=p.device)
     pos = torch.tensor([position], device=p.device)
-    if rule == "gumbel":
-        g = gumbel_noise(seeds, pos, p.shape[-1], dtype=torch.float64, device=p.device)  # [1, V]
-        return int(torch.argmax(p.double().log() + g, -1)[0])
     u = uniforms(seeds, pos, 1, stream=STREAM_SAMPLE, device=p.device)[:, 0]
     return int(sample_rows(p, u)[0])
 
 
 def gumbel_draft(q: torch.Tensor, seed: int, position: int) -> torch.Tensor:
-    """Drafter side of the Gumbel coupling: argmax(log q + G(seed, position)) per row of q."""
-    from coupling import torch_backend as tb
-
-    rows = q.shape[0]
-    if hasattr(tb, "gumbel_draft"):
-        return tb.gumbel_draft(q, torch.full((rows,), seed, device=q.device),
-                               torch.full((rows,), position, device=q.device)).long()
-    g = tb.gumbel_noise(torch.full((rows,), seed, device=q.device),
-                        torch.full((rows,), position, device=q.device), q.shape[-1],
-                        dtype=torch.float64, device=q.device)
-    return torch.argmax(q.double().log() + g, -1)
+    """Drafter side of the Gumbel coupling: argmax(log q + G(seed, position)) per row of
+    q [rows, V], every row keyed by the same (seed, position)."""
+    return _gumbel_argmax(q, seed, position)

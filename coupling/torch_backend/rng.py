@@ -153,6 +153,7 @@ def gumbel_noise(
     positions: torch.Tensor,
     vocab_size: int,
     *,
+    tokens: torch.Tensor | None = None,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str | None = None,
 ) -> torch.Tensor:
@@ -162,6 +163,11 @@ def gumbel_noise(
     ``[B, n]``); the result has their broadcast shape plus a trailing ``[V]`` axis.
     The drafter and the verifier call this with the same (seed, position) and get the
     same ``G`` bit for bit (integer hashing, then the same float ops on the same device).
+
+    ``tokens``: optional int64 ``[n]`` token ids in ``[0, V)``; the trailing axis is then
+    ``[n]`` with ``G[..., j] = G(seed, position, tokens[j])``, the very entries of the full
+    vector. A law supported on a few tokens needs the noise only there (``argmax log p + G``
+    never picks a token with ``p = 0``), at a fraction of the cost of all ``V``.
     """
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) or vocab_size < 1:
         raise ValueError(f"vocab_size must be a positive int, got {vocab_size!r}")
@@ -169,7 +175,13 @@ def gumbel_noise(
     s = _as_key(seeds, "seeds", dev)
     t = _as_key(positions, "positions", s.device)
     s, t = torch.broadcast_tensors(s, t)
-    v = torch.arange(vocab_size, device=s.device, dtype=torch.int64)
+    if tokens is None:
+        v = torch.arange(vocab_size, device=s.device, dtype=torch.int64)
+    else:
+        v = _as_key(tokens, "tokens", s.device)
+        if v.ndim != 1 or (v.numel() and (int(v.min()) < 0 or int(v.max()) >= vocab_size)):
+            raise ValueError(f"tokens must be a 1-D tensor of ids in [0, {vocab_size}), got "
+                             f"shape {tuple(v.shape)}")
     # hash the (seed, position, stream) prefix once per row, the vocabulary index per entry
     h = _mix(_mix(_mix(s + _GOLDEN) ^ (t + _GOLDEN)) ^ (STREAM_GUMBEL + _GOLDEN))
     h = _mix(h.unsqueeze(-1) ^ (v + _GOLDEN))

@@ -1,0 +1,72 @@
+#!/usr/bin/env python
+"""The engine's verification call (``rules_adapter.decide``, B = 1) on laws as the demo makes
+them, with the support compression on against off (the baseline), in the same process.
+
+Laws: target logits N(0, 3^2) and draft logits the target's plus N(0, 1), both through the
+demo's sampling transforms (T = 0.7, top-k 50, top-p 0.95) at V = 49152, so each law has at
+most 50 tokens; drafts sampled from q (shared first-position laws across the k branches,
+i.i.d. first tokens). gamma = 2 as in the demo. Each configuration alternates the two modes
+for ``--repeats`` calls and prints medians and their ratio, with the share of a target step
+of ``--step-ms`` milliseconds (the 1-token bf16 target call measured by ``bench_llm.py``).
+
+Usage::
+
+    python benchmarks/bench_decide.py --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from coupling.llm import rules_adapter
+    from coupling.llm.sampling import SamplingConfig, probs
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=60)
+    ap.add_argument("--gamma", type=int, default=2)
+    ap.add_argument("--step-ms", type=float, default=58.0)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cfg = SamplingConfig(0.7, 50, 0.95)
+    V, g = 49152, args.gamma
+    gen = torch.Generator().manual_seed(0)
+    print(f"V = {V}, gamma = {g}, {args.threads} thread(s), medians of {args.repeats} calls; "
+          f"% of a {args.step_ms:g} ms target step")
+    print(f"{'rule':8s} {'k':>2s} {'full V, ms':>10s} {'compressed, ms':>14s} {'ratio':>6s} "
+          f"{'% step (compressed)':>20s} {'support':>7s}")
+    for rule, k in [("token", 1), ("block", 1), ("gumbel", 1), ("rrs", 2), ("kseq", 2),
+                    ("optimal", 2), ("rrs", 4), ("kseq", 4)]:
+        lp = torch.randn(k, g + 1, V, generator=gen) * 3
+        lp[:, 0] = lp[0, 0].clone()                          # one prefix: one first law
+        lq = lp[:, :g] + torch.randn(k, g, V, generator=gen)
+        lq[:, 0] = lq[0, 0].clone()
+        p = probs(lp.reshape(-1, V), cfg).reshape(k, g + 1, V)
+        q = probs(lq.reshape(-1, V), cfg).reshape(k, g, V)
+        if rule == "gumbel":
+            drafts = torch.stack([rules_adapter.gumbel_draft(q[:, i], 0, 100 + i)
+                                  for i in range(g)], 1)
+        else:
+            drafts = torch.multinomial(q.reshape(-1, V), 1, generator=gen).reshape(k, g)
+        times: dict[bool, list[float]] = {False: [], True: []}
+        for i in range(args.repeats + 5):
+            for compress in (False, True):
+                t0 = time.perf_counter()
+                rules_adapter.decide(rule, drafts, q, p, 0, 100 + i, compress=compress)
+                if i >= 5:
+                    times[compress].append(time.perf_counter() - t0)
+        full, comp = (1e3 * statistics.median(times[c]) for c in (False, True))
+        U = rules_adapter.support(p, q).numel()
+        print(f"{rule:8s} {k:2d} {full:10.2f} {comp:14.2f} {comp / full:6.2f} "
+              f"{100 * comp / args.step_ms:19.1f}% {U:7d}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

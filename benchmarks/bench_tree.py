@@ -1,0 +1,87 @@
+#!/usr/bin/env python
+"""Same-process A/B of multi-draft verification: k branches as one row with tree attention
+(``CachedLM.forward_tree``) against a batch of k rows, with autoregressive sampling and
+single-draft block verification measured in the same process as baselines.
+
+For each demo prompt (``coupling/data/prompts.json``, 96 new tokens, the demo's sampling
+settings, seed = prompt index): plain autoregressive sampling, block verification, then each
+``rule:k`` with tree attention and as a batch, all with the shipped feature draft (int8,
+8192-token head, its calibrated logit scale) at gamma = 2. The methods' order rotates from
+prompt to prompt. Both layouts run the same rule on the same drafts from the same generator;
+their p differ only by bfloat16 rounding, so their block efficiencies agree up to the rare
+decision that rounding flips, and the time per target call is what the layout changes.
+
+Usage::
+
+    python benchmarks/bench_tree.py                      # rrs:2,rrs:4, 8 prompts
+    python benchmarks/bench_tree.py --rules rrs:2,kseq:2 --prompts 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from coupling.llm import demo, models
+    from coupling.llm import engine as E
+    from coupling.llm.feature_draft import FeatureDrafter, load_feature_draft
+    from coupling.llm.sampling import SamplingConfig
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rules", type=str, default="rrs:2,rrs:4",
+                    help="comma-separated rule:k multi-draft methods")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--gamma", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    target = models.load_target("bfloat16")
+    tok = models.load_tokenizer()
+    draft = load_feature_draft(target, head_tokens=8192, int8=True)
+    cfg = SamplingConfig(0.7, 50, 0.95)
+    prompts = [models.chat_prompt(tok, t) for t in demo.load_prompts()[: args.prompts]]
+    methods: list[tuple[str, str, int, bool]] = [("block", "block", 1, False)]
+    for spec in args.rules.split(","):
+        rule, k = spec.split(":")
+        for tree in (True, False):
+            methods.append((f"{rule} k={k} {'tree' if tree else 'batch'}", rule, int(k), tree))
+    tot: dict[str, list[float]] = {}
+
+    def add(name: str, r) -> None:
+        t = tot.setdefault(name, [0, 0.0, 0, 0.0, 0.0])
+        for i, v in enumerate((len(r.tokens), r.seconds, r.target_calls, r.target_seconds,
+                               r.draft_seconds)):
+            t[i] += v
+
+    for i, p in enumerate(prompts):
+        kw = dict(max_new_tokens=args.max_new_tokens, cfg=cfg, seed=i,
+                  eos_token_id=tok.eos_token_id)
+        add("autoregressive", E.autoregressive(target, p, **kw))
+        for name, rule, k, tree in methods[i % len(methods):] + methods[: i % len(methods)]:
+            add(name, E.generate(target, FeatureDrafter(draft), p, rule=rule, gamma=args.gamma,
+                                 k=k, tree_attention=tree, **kw))
+        print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
+    n_ar, s_ar = tot["autoregressive"][:2]
+    print(f"feature draft (int8, 8192-token head, s = {draft.logit_scale:g}), gamma = "
+          f"{args.gamma}, {len(prompts)} prompts x {args.max_new_tokens} tokens, "
+          f"{args.threads} thread(s)")
+    print(f"{'method':22s} {'block eff':>9s} {'tok/s':>6s} {'vs AR':>6s} "
+          f"{'target ms/call':>14s} {'draft ms/step':>13s} {'other ms/step':>13s}")
+    for name, (n, s, c, ts, ds) in tot.items():
+        print(f"{name:22s} {n / c:9.3f} {n / s:6.2f} {(n / s) / (n_ar / s_ar):5.3f}x "
+              f"{1e3 * ts / c:14.1f} {1e3 * ds / c:13.2f} {1e3 * (s - ts - ds) / c:13.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
