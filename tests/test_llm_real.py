@@ -297,5 +297,11 @@ def test_demo_runs_end_to_end_and_writes_the_promised_json(tmp_path):
     assert demo.main(["--prompts", "1", "--max-new-tokens", "2", "--methods", "token",
                       "--draft-logit-scale", "1", "--no-progress", "--json", str(out)]) == 0
     assert json.loads(out.read_text())["models"]["draft_logit_scale"] == 1.0
+    assert res["settings"]["multi_draft_layout"] == "tree"
+    assert demo.main(["--prompts", "1", "--max-new-tokens", "3", "--methods", "rrs_k2",
+                      "--multi-draft-layout", "batch", "--no-progress", "--json", str(out)]) == 0
+    res = json.loads(out.read_text())
+    assert res["settings"]["multi_draft_layout"] == "batch"
+    assert math.isfinite(res["rules"]["rrs_k2"]["block_efficiency"])
     assert demo.main(["--prompts", "1", "--methods", "token", "--draft-logit-scale", "0",
                       "--no-progress"]) == 2

@@ -584,9 +584,12 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
             drafter.accept(c)
             rec = StepRecord(int(drafts.shape[1]), m, c)
             if record_alpha:
-                # overlaps along the chosen branch, positions 1..g (the bonus law has no draft)
+                # overlaps along the chosen branch, positions 1..g (the bonus law has no draft);
+                # analysis, like predict below: not charged to generation
+                t_alpha = time.perf_counter()
                 g_ = drafts.shape[1]
                 rec.alpha = torch.minimum(p[c, :g_].double(), q[c].double()).sum(-1).tolist()
+                excluded += time.perf_counter() - t_alpha
             if predict:
                 from . import predict as P
 
