@@ -174,12 +174,11 @@ class CachedLM:
         dev = self.device
         pos = torch.cat([torch.arange(n0, n0 + f), torch.arange(n0 + f, n0 + f + g).repeat(k)])
         q_len = f + k * g
-        allowed = torch.ones(q_len, n0 + q_len, dtype=torch.bool)
-        new = allowed[:, n0:]
-        new.zero_()
-        new[:, :f] = True
-        new[:f, :f] = torch.ones(f, f, dtype=torch.bool).tril()
-        new[f:, f:] = torch.block_diag(*[torch.ones(g, g, dtype=torch.bool).tril()] * k)
+        among_new = torch.zeros(q_len, q_len, dtype=torch.bool)
+        among_new[:, :f] = True                                   # everyone sees feed ...
+        among_new[:f, :f] = torch.ones(f, f, dtype=torch.bool).tril()    # ... causally
+        among_new[f:, f:] = torch.block_diag(*[torch.ones(g, g, dtype=torch.bool).tril()] * k)
+        allowed = torch.cat([torch.ones(q_len, n0, dtype=torch.bool), among_new], 1)
         dtype = next(self.model.parameters()).dtype
         # additive float mask: read the same way by the sdpa and eager attention paths
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed,
