@@ -146,6 +146,42 @@ def test_rollback_matches_fresh_recomputation_float32(real, real32, rule, k, tre
     torch.testing.assert_close(inc, fresh, atol=2e-3, rtol=1e-3)
 
 
+def test_tree_row_in_bf16_differs_from_batch_rows_by_rounding_only(real):
+    """bf16 on SmolLM2: the tree row's laws differ from the batch rows' by about what any change
+    of a call's shape does (one 3-token call against three 1-token calls); the same row with a
+    plain causal mask, where the second branch sees the first, is far off (negative control)."""
+    target, _, _, prompt = real
+    gen = torch.Generator().manual_seed(0)
+
+    def tv(a, b):
+        return 0.5 * (a.float().softmax(-1) - b.float().softmax(-1)).abs().sum(-1).max().item()
+
+    tree_batch, shape, causal = [], [], []
+    for _ in range(3):
+        ctx = prompt + torch.randint(0, 49152, (3,), generator=gen).tolist()
+        drafts = torch.randint(0, 49152, (2, 2), generator=gen)
+        lm = E.CachedLM(target)
+        E.prefill(lm, ctx)
+        flat, rows = lm.forward_tree(ctx[-1:], drafts)
+        tree = flat[rows]
+        lm = E.CachedLM(target)
+        E.prefill(lm, ctx)
+        lm.expand(2)
+        batch = lm.forward(torch.cat([torch.tensor([ctx[-1:]] * 2), drafts], 1))
+        lm = E.CachedLM(target)
+        E.prefill(lm, ctx)
+        ones = torch.stack([lm.forward(torch.tensor([[t]]))[0, -1]
+                            for t in ctx[-1:] + drafts[0].tolist()])
+        lm = E.CachedLM(target)
+        E.prefill(lm, ctx)
+        plain = lm.forward(torch.tensor([ctx[-1:] + drafts.reshape(-1).tolist()]))[0]
+        tree_batch.append(tv(tree, batch))
+        shape.append(tv(ones, batch[0]))
+        causal.append(tv(plain[rows[1]], batch[1]))
+    assert max(tree_batch) < 0.1 and max(tree_batch) < 3 * max(shape) + 0.01, (tree_batch, shape)
+    assert min(causal) > 3 * max(tree_batch), (causal, tree_batch)
+
+
 def test_rollback_bf16_within_bf16_noise(real):
     """bf16: rolled-back cache vs fresh pass differ only by bf16 rounding (same order as an
     append-only cache vs a fresh pass)."""
