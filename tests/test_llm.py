@@ -190,13 +190,16 @@ def test_compressed_decisions_equal_full_vocabulary_decisions(seed, rule_k, g, t
 
 
 def test_compressed_decide_refuses_a_draft_outside_both_supports():
-    p = torch.tensor([[[0.5, 0.5, 0.0, 0.0], [0.25, 0.25, 0.25, 0.25]]])
+    p = torch.tensor([[[0.5, 0.5, 0.0, 0.0], [0.25, 0.25, 0.5, 0.0]]])
     q = torch.tensor([[[0.0, 1.0, 0.0, 0.0]]])
-    assert rules_adapter.decide("token", torch.tensor([[1]]), q, p, 0, 5)[0] in (0, 1)
-    with pytest.raises(ValueError, match="q = 0"):
-        rules_adapter.decide("token", torch.tensor([[3]]), q, p, 0, 5)
-    assert rules_adapter.support(p, q).tolist() == [0, 1, 2, 3]
+    assert rules_adapter.support(p, q).tolist() == [0, 1, 2]
     assert rules_adapter.support(q).tolist() == [1]
+    assert rules_adapter.decide("token", torch.tensor([[1]]), q, p, 0, 5)[0] in (0, 1)
+    with pytest.raises(ValueError, match="outside the support"):     # token 3: no p, no q
+        rules_adapter.decide("token", torch.tensor([[3]]), q, p, 0, 5)
+    for compress in (True, False):  # token 2: in p's support, q = 0: the backend refuses it
+        with pytest.raises(ValueError, match="draft probability q = 0"):
+            rules_adapter.decide("token", torch.tensor([[2]]), q, p, 0, 5, compress=compress)
 
 
 # --------------------------------------------------------------------------- cache rollback
