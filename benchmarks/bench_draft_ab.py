@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -29,6 +28,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def main(argv: list[str] | None = None) -> int:
     import torch
+    from ab_common import print_table, rotated_runs
 
     from coupling.llm import demo, models
     from coupling.llm import engine as E
@@ -58,30 +58,13 @@ def main(argv: list[str] | None = None) -> int:
     rules = args.rules.split(",")
     cfg = SamplingConfig(0.7, 50, 0.95)
     prompts = [models.chat_prompt(tok, t) for t in demo.load_prompts()[: args.prompts]]
-    names = list(variants)
-    tot: dict[str, list[float]] = {}
-
-    def add(name: str, r) -> None:
-        t = tot.setdefault(name, [0, 0.0, 0, 0.0, 0.0])
-        for i, v in enumerate((len(r.tokens), r.seconds, r.target_calls, r.target_seconds,
-                               r.draft_seconds)):
-            t[i] += v
-
-    for i, p in enumerate(prompts):
-        kw = dict(max_new_tokens=args.max_new_tokens, cfg=cfg, seed=i,
-                  eos_token_id=tok.eos_token_id)
-        add("autoregressive", E.autoregressive(target, p, **kw))
-        for name in names[i % len(names):] + names[: i % len(names)]:
-            for rule in rules:
-                add(f"{name} {rule}", E.generate(target, FeatureDrafter(variants[name]), p,
-                                                 rule=rule, gamma=2, **kw))
-        print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
-    n_ar, s_ar = tot["autoregressive"][:2]
-    print(f"{'variant':44s} {'block eff':>9s} {'tok/s':>6s} {'vs AR':>6s} "
-          f"{'target ms/call':>14s} {'draft ms/step':>13s} {'other ms/step':>13s}")
-    for name, (n, s, c, ts, ds) in tot.items():
-        print(f"{name:44s} {n / c:9.3f} {n / s:6.2f} {(n / s) / (n_ar / s_ar):5.3f}x "
-              f"{1e3 * ts / c:14.1f} {1e3 * ds / c:13.2f} {1e3 * (s - ts - ds) / c:13.2f}")
+    groups = [[(f"{name} {rule}",
+                lambda p, kw, d=variants[name], rule=rule: E.generate(
+                    target, FeatureDrafter(d), p, rule=rule, gamma=2, **kw))
+               for rule in rules] for name in variants]
+    tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
+                       eos_token_id=tok.eos_token_id)
+    print_table(tot, "variant", 44)
     return 0
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -29,6 +28,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def main(argv: list[str] | None = None) -> int:
     import torch
+    from ab_common import print_table, rotated_runs
 
     from coupling.llm import demo, models
     from coupling.llm import engine as E
@@ -50,36 +50,22 @@ def main(argv: list[str] | None = None) -> int:
     draft = load_feature_draft(target, head_tokens=8192, int8=True)
     cfg = SamplingConfig(0.7, 50, 0.95)
     prompts = [models.chat_prompt(tok, t) for t in demo.load_prompts()[: args.prompts]]
-    methods: list[tuple[str, str, int, bool]] = [("block", "block", 1, False)]
+    def method(rule: str, k: int, tree: bool):
+        return lambda p, kw: E.generate(target, FeatureDrafter(draft), p, rule=rule,
+                                        gamma=args.gamma, k=k, tree_attention=tree, **kw)
+
+    groups = [[("block", method("block", 1, False))]]
     for spec in args.rules.split(","):
         rule, k = spec.split(":")
         for tree in (True, False):
-            methods.append((f"{rule} k={k} {'tree' if tree else 'batch'}", rule, int(k), tree))
-    tot: dict[str, list[float]] = {}
-
-    def add(name: str, r) -> None:
-        t = tot.setdefault(name, [0, 0.0, 0, 0.0, 0.0])
-        for i, v in enumerate((len(r.tokens), r.seconds, r.target_calls, r.target_seconds,
-                               r.draft_seconds)):
-            t[i] += v
-
-    for i, p in enumerate(prompts):
-        kw = dict(max_new_tokens=args.max_new_tokens, cfg=cfg, seed=i,
-                  eos_token_id=tok.eos_token_id)
-        add("autoregressive", E.autoregressive(target, p, **kw))
-        for name, rule, k, tree in methods[i % len(methods):] + methods[: i % len(methods)]:
-            add(name, E.generate(target, FeatureDrafter(draft), p, rule=rule, gamma=args.gamma,
-                                 k=k, tree_attention=tree, **kw))
-        print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
-    n_ar, s_ar = tot["autoregressive"][:2]
+            groups.append([(f"{rule} k={k} {'tree' if tree else 'batch'}",
+                            method(rule, int(k), tree))])
+    tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
+                       eos_token_id=tok.eos_token_id)
     print(f"feature draft (int8, 8192-token head, s = {draft.logit_scale:g}), gamma = "
           f"{args.gamma}, {len(prompts)} prompts x {args.max_new_tokens} tokens, "
           f"{args.threads} thread(s)")
-    print(f"{'method':22s} {'block eff':>9s} {'tok/s':>6s} {'vs AR':>6s} "
-          f"{'target ms/call':>14s} {'draft ms/step':>13s} {'other ms/step':>13s}")
-    for name, (n, s, c, ts, ds) in tot.items():
-        print(f"{name:22s} {n / c:9.3f} {n / s:6.2f} {(n / s) / (n_ar / s_ar):5.3f}x "
-              f"{1e3 * ts / c:14.1f} {1e3 * ds / c:13.2f} {1e3 * (s - ts - ds) / c:13.2f}")
+    print_table(tot, "method", 22)
     return 0
 
 

@@ -1,0 +1,49 @@
+"""The loop and the table the same-process A/B benchmarks share (``bench_draft_ab.py``,
+``bench_tree.py``); not a benchmark itself (``run_all.py`` runs ``bench_*.py`` only).
+
+For each prompt (seed = its index): plain autoregressive sampling, then every group of
+methods, the groups' order rotated by one from prompt to prompt so that a machine that speeds
+up or slows down during a prompt does not favour one group. Totals per method: tokens,
+seconds, target calls, target seconds, draft seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Sequence
+
+# a method: (name, run(prompt, kw) -> GenerationResult), kw the shared generate() arguments
+Method = tuple[str, Callable]
+
+
+def rotated_runs(target, prompts: Sequence[list[int]], groups: Sequence[Sequence[Method]], *,
+                 cfg, max_new_tokens: int, eos_token_id: int | None) -> dict[str, list[float]]:
+    from coupling.llm import engine as E
+
+    tot: dict[str, list[float]] = {}
+
+    def add(name: str, r) -> None:
+        t = tot.setdefault(name, [0, 0.0, 0, 0.0, 0.0])
+        for i, v in enumerate((len(r.tokens), r.seconds, r.target_calls, r.target_seconds,
+                               r.draft_seconds)):
+            t[i] += v
+
+    for i, p in enumerate(prompts):
+        kw = dict(max_new_tokens=max_new_tokens, cfg=cfg, seed=i, eos_token_id=eos_token_id)
+        add("autoregressive", E.autoregressive(target, p, **kw))
+        for group in list(groups[i % len(groups):]) + list(groups[: i % len(groups)]):
+            for name, run in group:
+                add(name, run(p, kw))
+        print(f"prompt {i + 1}/{len(prompts)} done", file=sys.stderr, flush=True)
+    return tot
+
+
+def print_table(tot: dict[str, list[float]], label: str, width: int) -> None:
+    """Block efficiency, tokens/s, ratio to autoregressive, and per target call / step the
+    target's time, the draft's and everything else (laws, rule, sampling, bookkeeping)."""
+    n_ar, s_ar = tot["autoregressive"][:2]
+    print(f"{label:{width}s} {'block eff':>9s} {'tok/s':>6s} {'vs AR':>6s} "
+          f"{'target ms/call':>14s} {'draft ms/step':>13s} {'other ms/step':>13s}")
+    for name, (n, s, c, ts, ds) in tot.items():
+        print(f"{name:{width}s} {n / c:9.3f} {n / s:6.2f} {(n / s) / (n_ar / s_ar):5.3f}x "
+              f"{1e3 * ts / c:14.1f} {1e3 * ds / c:13.2f} {1e3 * (s - ts - ds) / c:13.2f}")
