@@ -118,19 +118,25 @@ class CachedLM:
             raise RuntimeError("a forward_tree call is pending; call select_branch() first")
         if ids.shape[0] != len(self.tokens):
             raise ValueError(f"ids has {ids.shape[0]} rows but the cache holds {len(self.tokens)}")
+        logits = self._call(ids)
+        self.tokens = [held + row for held, row in zip(self.tokens, ids.tolist(), strict=True)]
+        return logits
+
+    def _call(self, ids: torch.Tensor, **kwargs) -> torch.Tensor:
+        """One timed model call appending ``ids`` [rows, n] to the cache (``kwargs``: a custom
+        mask and positions); keeps the final hidden states when ``keep_features``. Returns the
+        logits; the token record is the caller's to update."""
         t0 = time.perf_counter()
         out = self.model(input_ids=ids.to(self.device), cache=self.cache, use_cache=True,
-                         output_hidden_states=self.keep_features)
+                         output_hidden_states=self.keep_features, **kwargs)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
-        new = ids.tolist()
         if self.keep_features:
             h = out.hidden_states[-1]                   # final-normed: logits = lm_head(h)
             self.feats = h if self.feats is None or self.feats.shape[1] == 0 else \
                 torch.cat([self.feats, h], 1)
             if self.feats.shape[1] != len(self.tokens[0]) + ids.shape[1]:
                 raise RuntimeError("feature store out of step with the cache; call reset()")
-        self.tokens = [held + row for held, row in zip(self.tokens, new, strict=True)]
         return out.logits
 
     def expand(self, rows: int) -> None:
@@ -184,21 +190,13 @@ class CachedLM:
         mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed,
                                                                     torch.finfo(dtype).min)
         ids = torch.cat([torch.tensor(feed, dtype=torch.long), drafts.reshape(-1).cpu()])[None]
-        t0 = time.perf_counter()
-        out = self.model(input_ids=ids.to(dev), position_ids=pos[None].to(dev),
-                         attention_mask=mask[None, None].to(dev), cache=self.cache,
-                         use_cache=True, output_hidden_states=self.keep_features)
-        self.seconds += time.perf_counter() - t0
-        self.calls += 1
-        if self.keep_features:
-            h = out.hidden_states[-1]
-            self.feats = h if self.feats is None or self.feats.shape[1] == 0 else \
-                torch.cat([self.feats, h], 1)
+        logits = self._call(ids, position_ids=pos[None].to(dev),
+                            attention_mask=mask[None, None].to(dev))
         self.tree = (n0 + f, drafts.tolist())
         self.tokens = [self.tokens[0] + feed]
         rows = torch.cat([torch.zeros(k, 1, dtype=torch.long),
                           1 + torch.arange(k * g).reshape(k, g)], 1)            # [k, g + 1]
-        return out.logits[0, f - 1:], rows.to(dev)
+        return logits[0, f - 1:], rows.to(dev)
 
     def select_branch(self, branch: int) -> None:
         """After :meth:`forward_tree`: keep the chosen branch's entries, contiguous after feed."""
