@@ -1,5 +1,6 @@
 """The loop and the table the same-process A/B benchmarks share (``bench_draft_ab.py``,
-``bench_tree.py``); not a benchmark itself (``run_all.py`` runs ``bench_*.py`` only).
+``bench_tree.py``, ``bench_attention.py``); not a benchmark itself (``run_all.py`` runs
+``bench_*.py`` only).
 
 For each prompt (seed = its index): plain autoregressive sampling, then every group of
 methods, the groups' order rotated by one from prompt to prompt so that a machine that speeds

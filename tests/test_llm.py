@@ -297,6 +297,59 @@ def test_forward_tree_guards_and_the_batch_fallback(pair, monkeypatch):
     assert len(r.tokens) == 4            # unsupported models fall back to a batch of k rows
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, 3), max_size=40), st.lists(st.integers(0, 3), max_size=40))
+def test_common_prefix_equals_the_walk(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    assert E.common_prefix(a, b) == n
+    assert E.common_prefix(a + b, a + [9] + b) == len(a)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_sdpa_is_bit_identical_to_sdpa_and_skips_the_kv_copy(dtype, monkeypatch):
+    """models.GROUPED_SDPA gives the very logits of transformers' sdpa for every call the
+    engine makes (prefill, 1 token, a 3-token verification, a tree row, a batch of branches),
+    and its masked multi-token calls never expand the KV cache to every query head."""
+    from transformers.integrations import sdpa_attention
+
+    from coupling.llm import models
+
+    copies = 0
+    repeat_kv = sdpa_attention.repeat_kv
+
+    def counting_repeat_kv(x, n_rep):
+        nonlocal copies
+        copies += n_rep > 1
+        return repeat_kv(x, n_rep)
+
+    monkeypatch.setattr(sdpa_attention, "repeat_kv", counting_repeat_kv)
+    plain, grouped = tiny_llama(5).to(dtype), models.use_grouped_sdpa(tiny_llama(5).to(dtype))
+    assert plain.config._attn_implementation == "sdpa"
+    assert grouped.config._attn_implementation == models.GROUPED_SDPA
+    assert E.supports_tree(grouped)
+    outs, kv_copies = [], []
+    for model in (plain, grouped):
+        copies = 0
+        lm = E.CachedLM(model)
+        E.prefill(lm, [1, 2, 3, 4, 5])
+        got = [lm.forward(torch.tensor([[5]])), lm.forward(torch.tensor([[6, 7, 8]]))]
+        flat, rows = lm.forward_tree([9], torch.tensor([[1, 2], [3, 4]]))
+        got.append(flat[rows])
+        lm.select_branch(1)
+        lm.expand(2)
+        got.append(lm.forward(torch.tensor([[1, 2, 3], [4, 5, 6]])))
+        with torch.no_grad():
+            got.append(model(torch.tensor([[3, 1, 4, 1, 5, 9]])).logits)      # no cache
+        outs.append(got)
+        kv_copies.append(copies)
+    for a, b in zip(*outs, strict=True):
+        assert a.dtype == dtype and torch.equal(a, b)
+    assert kv_copies[0] > 0 and kv_copies[1] == 0
+    assert models.use_grouped_sdpa(grouped) is grouped     # idempotent
+
+
 @pytest.mark.parametrize("rule,k,drafter", [("kseq", 2, "model"), ("rrs", 3, "model"),
                                             ("rrs_wor", 2, "model"), ("optimal", 2, "model"),
                                             ("rrs", 2, "feature")])

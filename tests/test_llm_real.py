@@ -182,6 +182,28 @@ def test_tree_row_in_bf16_differs_from_batch_rows_by_rounding_only(real):
     assert min(causal) > 3 * max(tree_batch), (causal, tree_batch)
 
 
+def test_target_runs_grouped_sdpa_with_the_logits_of_plain_sdpa(real):
+    """load_target switches SmolLM2 to models.GROUPED_SDPA; in bf16 its verification call, tree
+    row and rollback give the very logits of transformers' sdpa (bit for bit)."""
+    target, _, _, prompt = real
+    assert target.config._attn_implementation == models.GROUPED_SDPA
+    plain = models.load_target("bfloat16")
+    plain.set_attn_implementation("sdpa")
+    outs = []
+    for model in (plain, target):
+        lm = E.CachedLM(model)
+        E.prefill(lm, prompt)
+        got = [lm.forward(torch.tensor([prompt[-1:] + [504, 3158]]))]
+        lm.sync(prompt + [504])
+        flat, rows = lm.forward_tree([504], torch.tensor([[28, 29], [1030, 30]]))
+        got.append(flat[rows])
+        lm.select_branch(0)
+        got.append(lm.forward(torch.tensor([lm.sync(prompt + [504, 28, 29, 30])])))
+        outs.append(got)
+    for a, b in zip(*outs, strict=True):
+        assert torch.equal(a, b)
+
+
 def test_rollback_bf16_within_bf16_noise(real):
     """bf16: rolled-back cache vs fresh pass differ only by bf16 rounding (same order as an
     append-only cache vs a fresh pass)."""

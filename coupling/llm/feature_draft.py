@@ -327,7 +327,7 @@ class FeatureDrafter:
     @torch.no_grad()
     def propose(self, seq, gamma, k, cfg: SamplingConfig, gen, *, distinct_first=False,
                 gumbel=None):
-        from .engine import sample_chain
+        from .engine import common_prefix, sample_chain
 
         if self.target is None:
             raise RuntimeError("FeatureDrafter.bind(target) was not called; use engine.generate")
@@ -343,12 +343,7 @@ class FeatureDrafter:
             return (torch.zeros(k, 0, dtype=torch.long, device=dev),
                     torch.zeros(k, 0, self.draft.vocab_size, device=dev))
         # pair i needs f_{i-1} and x_i, so it stays valid while x_0 .. x_i are unchanged
-        common = 0
-        for a, b in zip(self.seq, seq, strict=False):
-            if a != b:
-                break
-            common += 1
-        n = max(0, min(self.true_pairs, L - 1, common - 1))
+        n = max(0, min(self.true_pairs, L - 1, common_prefix(self.seq, seq) - 1))
         n = min(n, L - 2)   # feed at least one pair: its output is the next law
         self._crop(n)
         dev = tgt.feats.device

@@ -1,0 +1,110 @@
+#!/usr/bin/env python
+"""Same-process A/B of the target's attention: transformers' ``sdpa`` (the baseline) against
+``models.GROUPED_SDPA``, which hands a masked multi-token call's grouped key/value heads to
+the CPU kernel instead of first copying the KV cache to every query head. Both give the same
+logits bit for bit, so block efficiencies are identical and only time moves.
+
+Part 1, the target call: the bf16 SmolLM2 target holds a context of ``--contexts`` tokens and
+is fed n = 1, 3, 5, 9 new tokens (decoding; a gamma = 2 verification; tree rows of k = 2 and
+k = 4 branches), each cropped away again, the two implementations alternated call by call;
+medians of ``--repeats`` calls.
+
+Part 2, end to end: for each demo prompt (96 new tokens, the demo's settings, seed = prompt
+index), autoregressive sampling, then block verification and rrs k = 2 (tree row) with the
+shipped feature draft under each implementation, the groups' order rotated from prompt to
+prompt (``ab_common.rotated_runs``).
+
+Usage::
+
+    python benchmarks/bench_attention.py                 # both parts, 8 prompts
+    python benchmarks/bench_attention.py --prompts 0     # the call costs only
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+IMPLS = ("sdpa", "sdpa_grouped")
+
+
+def call_costs(target, contexts: list[int], sizes: list[int], repeats: int) -> None:
+    import torch
+
+    from coupling.llm import engine as E
+
+    print(f"target call, ms (median of {repeats}); ratio grouped / sdpa")
+    print(f"{'context':>7s} {'tokens':>6s} {'sdpa':>7s} {'grouped':>8s} {'ratio':>6s}")
+    for L in contexts:
+        lm = E.CachedLM(target)
+        E.prefill(lm, [1000 + i % 5000 for i in range(L + 1)])
+        times: dict[tuple[str, int], list[float]] = {}
+        for r in range(repeats + 3):
+            for n in sizes:
+                for impl in IMPLS:
+                    target.set_attn_implementation(impl)
+                    t0 = time.perf_counter()
+                    lm.forward(torch.tensor([[5] * n]))
+                    dt = time.perf_counter() - t0
+                    lm.sync(lm.tokens[0][: L + 1])          # drop the n tokens again
+                    if r >= 3:
+                        times.setdefault((impl, n), []).append(dt)
+        for n in sizes:
+            a, b = (1e3 * statistics.median(times[(impl, n)]) for impl in IMPLS)
+            print(f"{L:7d} {n:6d} {a:7.2f} {b:8.2f} {b / a:5.3f}x")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    from ab_common import print_table, rotated_runs
+
+    from coupling.llm import demo, models
+    from coupling.llm import engine as E
+    from coupling.llm.feature_draft import FeatureDrafter, load_feature_draft
+    from coupling.llm.sampling import SamplingConfig
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--contexts", type=str, default="100,200,300")
+    ap.add_argument("--sizes", type=str, default="1,3,5,9")
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    target = models.load_target("bfloat16")
+    print(f"{args.threads} thread(s), bf16 SmolLM2 target")
+    call_costs(target, [int(x) for x in args.contexts.split(",")],
+               [int(x) for x in args.sizes.split(",")], args.repeats)
+    if args.prompts == 0:
+        return 0
+
+    tok = models.load_tokenizer()
+    draft = load_feature_draft(target, head_tokens=8192, int8=True)
+    cfg = SamplingConfig(0.7, 50, 0.95)
+    prompts = [models.chat_prompt(tok, t) for t in demo.load_prompts()[: args.prompts]]
+
+    def method(impl: str, rule: str, k: int):
+        def run(p, kw):
+            target.set_attn_implementation(impl)
+            return E.generate(target, FeatureDrafter(draft), p, rule=rule, gamma=2, k=k, **kw)
+        return run
+
+    groups = [[(f"{rule} k={k} {impl}", method(impl, rule, k))
+               for rule, k in (("block", 1), ("rrs", 2))] for impl in IMPLS]
+    tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
+                       eos_token_id=tok.eos_token_id)
+    print(f"\nfeature draft (int8, 8192-token head, s = {draft.logit_scale:g}), gamma = 2, "
+          f"{len(prompts)} prompts x {args.max_new_tokens} tokens")
+    print_table(tot, "method", 24)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
