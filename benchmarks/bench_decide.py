@@ -1,6 +1,8 @@
 #!/usr/bin/env python
 """The engine's verification call (``rules_adapter.decide``, B = 1) on laws as the demo makes
-them, with the support compression on against off (the baseline), in the same process.
+them, with the support compression on against off (the baseline), in the same process; and,
+compressed, the keyed uniforms' key prefix hashed in Python integers (the default for a few
+keys on a CPU, ``rng.SMALL_PREFIX``) against tensor ops (``SMALL_PREFIX = 0``, the old way).
 
 Laws: target logits N(0, 3^2) and draft logits the target's plus N(0, 1), both through the
 demo's sampling transforms (T = 0.7, top-k 50, top-p 0.95) at V = 49152, so each law has at
@@ -26,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from coupling.llm import rules_adapter
     from coupling.llm.sampling import SamplingConfig, probs
+    from coupling.torch_backend import rng
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -40,7 +43,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"V = {V}, gamma = {g}, {args.threads} thread(s), medians of {args.repeats} calls; "
           f"% of a {args.step_ms:g} ms target step")
     print(f"{'rule':8s} {'k':>2s} {'full V, ms':>10s} {'compressed, ms':>14s} {'ratio':>6s} "
-          f"{'% step (compressed)':>20s} {'support':>7s}")
+          f"{'% step (compressed)':>20s} {'support':>7s} {'tensor-hashed, ms':>17s} "
+          f"{'int / tensor':>12s}")
+    small = rng.SMALL_PREFIX
+    modes = ((False, small), (True, small), (True, 0))   # (compress, SMALL_PREFIX)
     for rule, k in [("token", 1), ("block", 1), ("gumbel", 1), ("rrs", 2), ("kseq", 2),
                     ("optimal", 2), ("rrs", 4), ("kseq", 4)]:
         lp = torch.randn(k, g + 1, V, generator=gen) * 3
@@ -54,17 +60,19 @@ def main(argv: list[str] | None = None) -> int:
                                   for i in range(g)], 1)
         else:
             drafts = torch.multinomial(q.reshape(-1, V), 1, generator=gen).reshape(k, g)
-        times: dict[bool, list[float]] = {False: [], True: []}
+        times: dict[tuple[bool, int], list[float]] = {m: [] for m in modes}
         for i in range(args.repeats + 5):
-            for compress in (False, True):
+            for compress, prefix in modes:
+                rng.SMALL_PREFIX = prefix
                 t0 = time.perf_counter()
                 rules_adapter.decide(rule, drafts, q, p, 0, 100 + i, compress=compress)
                 if i >= 5:
-                    times[compress].append(time.perf_counter() - t0)
-        full, comp = (1e3 * statistics.median(times[c]) for c in (False, True))
+                    times[(compress, prefix)].append(time.perf_counter() - t0)
+        rng.SMALL_PREFIX = small
+        full, comp, old = (1e3 * statistics.median(times[m]) for m in modes)
         U = rules_adapter.support(p, q).numel()
         print(f"{rule:8s} {k:2d} {full:10.2f} {comp:14.2f} {comp / full:6.2f} "
-              f"{100 * comp / args.step_ms:19.1f}% {U:7d}")
+              f"{100 * comp / args.step_ms:19.1f}% {U:7d} {old:17.2f} {comp / old:12.2f}")
     return 0
 
 

@@ -22,6 +22,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from coupling import block as nb
@@ -34,6 +36,7 @@ from coupling.torch_backend import (
     uniforms,
     verify,
 )
+from coupling.torch_backend import rng as rng_mod
 from coupling.torch_backend._common import accept_uniforms, assemble, sample_rows, sample_uniforms
 from coupling.torch_backend.chain import (
     block_accepted,
@@ -213,7 +216,11 @@ def _py_hash(s: int, t: int, c: int, j: int) -> int:
     return _py_splitmix_mix(h ^ ((j + g) & m))
 
 
-def test_keyed_hash_matches_pure_python_uint64():
+@pytest.mark.parametrize("small_prefix", [0, 10**6])
+def test_keyed_hash_matches_pure_python_uint64(small_prefix, monkeypatch):
+    """Both ways of hashing the key prefix (tensor ops; Python integers for a few keys on a
+    CPU) against a plain uint64 transcription of the formula."""
+    monkeypatch.setattr(rng_mod, "SMALL_PREFIX", small_prefix)
     rng = np.random.default_rng(0)
     keys = [
         (int(a), int(b), int(c), int(d)) for a, b, c, d in rng.integers(0, 2**62, size=(200, 4))
@@ -223,6 +230,26 @@ def test_keyed_hash_matches_pure_python_uint64():
     got = keyed_hash(s, t, c, j).tolist()
     want = [_py_hash(*k) for k in keys]
     assert [g % (1 << 64) for g in got] == want
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=3),
+       st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=3),
+       st.integers(0, 3), st.integers(1, 5))
+def test_small_key_prefixes_hash_like_the_tensor_path(seeds, positions, stream, n):
+    """The Python-integer prefix (few keys on a CPU) gives the tensor path's bits, for
+    uniforms, coins and Gumbel noise, in every broadcast shape the rules use."""
+    s = torch.tensor(seeds).view(-1, 1, 1)
+    t = torch.tensor(positions).view(1, -1, 1)
+    j = torch.arange(n).view(1, 1, -1)
+    fast = (keyed_hash(s, t, stream, j), gumbel_noise(s[:, :, 0], t[:, :, 0], 50,
+                                                      tokens=torch.tensor([0, 7, 49])))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rng_mod, "SMALL_PREFIX", 0)
+        slow = (keyed_hash(s, t, stream, j), gumbel_noise(s[:, :, 0], t[:, :, 0], 50,
+                                                          tokens=torch.tensor([0, 7, 49])))
+    for a, b in zip(fast, slow, strict=True):
+        assert a.shape == b.shape and torch.equal(a, b)
 
 
 def test_uniforms_are_keyed_by_seed_position_stream():

@@ -33,6 +33,9 @@ and ``-log(-log(u))`` are always finite.
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 __all__ = [
@@ -78,6 +81,41 @@ def _mix(z: torch.Tensor) -> torch.Tensor:
     return z ^ _srl(z, 31)
 
 
+_U64 = (1 << 64) - 1
+#: key prefixes with at most this many entries on a CPU are hashed in Python integers
+SMALL_PREFIX = 64
+
+
+def _mix_int(z: int) -> int:
+    """:func:`_mix` on a Python integer in uint64 arithmetic: the same bits."""
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
+    return z ^ (z >> 31)
+
+
+def _key_prefix(seed: torch.Tensor, position: torch.Tensor,
+                stream: torch.Tensor | int) -> torch.Tensor:
+    """``m(m(m(s + g) ^ (t + g)) ^ (c + g))``, the hash of the key without its counter (int64,
+    broadcast shape).
+
+    Why two paths: the hash is ~35 tiny tensor ops, which is most of a verification call's
+    cost for one request on a CPU (~5 us each), while a few keys cost ~1 us each in Python
+    integers. The bits are the same (wrapping uint64 arithmetic either way).
+    """
+    stream = torch.as_tensor(stream, dtype=torch.int64, device=seed.device)
+    # numpy's broadcast of shapes: torch.broadcast_shapes is Python-level and costs ~60 us
+    shape = np.broadcast_shapes(seed.shape, position.shape, stream.shape)
+    if seed.device.type == "cpu" and math.prod(shape) <= SMALL_PREFIX:
+        s, t, c = (x.expand(shape).reshape(-1).tolist() for x in (seed, position, stream))
+        g = 0x9E3779B97F4A7C15
+        out = [_mix_int(_mix_int(_mix_int((a + g) & _U64) ^ ((b + g) & _U64)) ^ ((d + g) & _U64))
+               for a, b, d in zip(s, t, c, strict=True)]
+        return torch.tensor([_signed(h) for h in out], dtype=torch.int64).view(shape)
+    h = _mix(seed + _GOLDEN)
+    h = _mix(h ^ (position + _GOLDEN))
+    return _mix(h ^ (stream + _GOLDEN))
+
+
 def keyed_hash(
     seed: torch.Tensor,
     position: torch.Tensor,
@@ -85,10 +123,7 @@ def keyed_hash(
     counter: torch.Tensor | int,
 ) -> torch.Tensor:
     """``h(seed, position, stream, counter)`` as int64 (uint64 bit pattern); broadcasts."""
-    h = _mix(seed + _GOLDEN)
-    h = _mix(h ^ (position + _GOLDEN))
-    h = _mix(h ^ (stream + _GOLDEN))
-    return _mix(h ^ (counter + _GOLDEN))
+    return _mix(_key_prefix(seed, position, stream) ^ (counter + _GOLDEN))
 
 
 def _to_unit(h: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -183,8 +218,7 @@ def gumbel_noise(
             raise ValueError(f"tokens must be a 1-D tensor of ids in [0, {vocab_size}), got "
                              f"shape {tuple(v.shape)}")
     # hash the (seed, position, stream) prefix once per row, the vocabulary index per entry
-    h = _mix(_mix(_mix(s + _GOLDEN) ^ (t + _GOLDEN)) ^ (STREAM_GUMBEL + _GOLDEN))
-    h = _mix(h.unsqueeze(-1) ^ (v + _GOLDEN))
+    h = _mix(_key_prefix(s, t, STREAM_GUMBEL).unsqueeze(-1) ^ (v + _GOLDEN))
     u = _to_unit(h, torch.float64)
     # -log(-log u) in float64 then cast: the noise is identical on every call
     return u.log_().neg_().log_().neg_().to(dtype)
