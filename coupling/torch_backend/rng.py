@@ -64,9 +64,9 @@ def _signed(c: int) -> int:
     return c - (1 << 64) if c >= (1 << 63) else c
 
 
-_GOLDEN = _signed(0x9E3779B97F4A7C15)
-_M1 = _signed(0xBF58476D1CE4E5B9)
-_M2 = _signed(0x94D049BB133111EB)
+# the SplitMix64 constants as uint64 (Python-integer path) and as int64 bit patterns (tensors)
+_GOLDEN_U, _M1_U, _M2_U = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+_GOLDEN, _M1, _M2 = _signed(_GOLDEN_U), _signed(_M1_U), _signed(_M2_U)
 
 
 def _srl(z: torch.Tensor, s: int) -> torch.Tensor:
@@ -88,8 +88,8 @@ SMALL_PREFIX = 64
 
 def _mix_int(z: int) -> int:
     """:func:`_mix` on a Python integer in uint64 arithmetic: the same bits."""
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _U64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _U64
+    z = ((z ^ (z >> 30)) * _M1_U) & _U64
+    z = ((z ^ (z >> 27)) * _M2_U) & _U64
     return z ^ (z >> 31)
 
 
@@ -98,16 +98,17 @@ def _key_prefix(seed: torch.Tensor, position: torch.Tensor,
     """``m(m(m(s + g) ^ (t + g)) ^ (c + g))``, the hash of the key without its counter (int64,
     broadcast shape).
 
-    Why two paths: the hash is ~35 tiny tensor ops, which is most of a verification call's
-    cost for one request on a CPU (~5 us each), while a few keys cost ~1 us each in Python
-    integers. The bits are the same (wrapping uint64 arithmetic either way).
+    Why two paths: on tensors the prefix is ~35 tiny ops (~3-5 us each on a CPU), paid for every
+    hash, while a single request has one key and a few keys cost ~1 us each in Python
+    integers (``benchmarks/bench_decide.py``: 7-10% of a single-draft verification call). The
+    bits are the same (wrapping uint64 arithmetic either way).
     """
     stream = torch.as_tensor(stream, dtype=torch.int64, device=seed.device)
     # numpy's broadcast of shapes: torch.broadcast_shapes is Python-level and costs ~60 us
     shape = np.broadcast_shapes(seed.shape, position.shape, stream.shape)
     if seed.device.type == "cpu" and math.prod(shape) <= SMALL_PREFIX:
         s, t, c = (x.expand(shape).reshape(-1).tolist() for x in (seed, position, stream))
-        g = 0x9E3779B97F4A7C15
+        g = _GOLDEN_U
         out = [_mix_int(_mix_int(_mix_int((a + g) & _U64) ^ ((b + g) & _U64)) ^ ((d + g) & _U64))
                for a, b, d in zip(s, t, c, strict=True)]
         return torch.tensor([_signed(h) for h in out], dtype=torch.int64).view(shape)
