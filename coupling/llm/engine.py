@@ -30,6 +30,12 @@ sequence (keeping at least one token to feed, whose logits give the next law). C
 rollback therefore never depends on off-by-one bookkeeping in the loop, and it is tested against a
 fresh recomputation (``tests/test_llm_real.py``).
 
+Attention. A verification call feeds several tokens under a mask. With grouped-query heads,
+transformers' ``sdpa`` then copies the KV cache to every query head, which a 1-token decoding
+call never does. On a CPU, ``models.use_grouped_sdpa(model)`` removes the copy, with
+bit-identical logits; ``models.load_target`` applies it. Call it on any other target you
+bring.
+
 Laws. ``q`` and ``p`` are produced by :func:`coupling.llm.sampling.probs` with the *same*
 :class:`SamplingConfig` (temperature, top-k, top-p) in float32: ``q`` is the law drafts were
 really sampled from, ``p`` the law plain sampling uses. A point-mass drafter (n-gram) has
