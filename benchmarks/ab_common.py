@@ -17,6 +17,24 @@ from collections.abc import Callable, Sequence
 Method = tuple[str, Callable]
 
 
+def add_run_args(ap) -> None:
+    """The arguments every A/B shares: how many demo prompts, tokens each, torch threads."""
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--threads", type=int, default=1)
+
+
+def demo_prompts(n: int):
+    """The tokenizer, the demo's sampling settings (T = 0.7, top-k 50, top-p 0.95) and the
+    first ``n`` demo prompts as chat token ids."""
+    from coupling.llm import demo, models
+    from coupling.llm.sampling import SamplingConfig
+
+    tok = models.load_tokenizer()
+    prompts = [models.chat_prompt(tok, t) for t in demo.load_prompts()[:n]]
+    return tok, SamplingConfig(0.7, 50, 0.95), prompts
+
+
 def rotated_runs(target, prompts: Sequence[list[int]], groups: Sequence[Sequence[Method]], *,
                  cfg, max_new_tokens: int, eos_token_id: int | None) -> dict[str, list[float]]:
     from coupling.llm import engine as E

@@ -61,20 +61,17 @@ def call_costs(target, contexts: list[int], sizes: list[int], repeats: int) -> N
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-    from ab_common import print_table, rotated_runs
+    from ab_common import add_run_args, demo_prompts, print_table, rotated_runs
 
-    from coupling.llm import demo, models
     from coupling.llm import engine as E
+    from coupling.llm import models
     from coupling.llm.feature_draft import FeatureDrafter, load_feature_draft
-    from coupling.llm.sampling import SamplingConfig
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--contexts", type=str, default="100,200,300")
     ap.add_argument("--sizes", type=str, default="1,3,5,9")
     ap.add_argument("--repeats", type=int, default=20)
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--threads", type=int, default=1)
+    add_run_args(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -85,10 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.prompts == 0:
         return 0
 
-    tok = models.load_tokenizer()
+    tok, cfg, prompts = demo_prompts(args.prompts)
     draft = load_feature_draft(target, head_tokens=8192, int8=True)
-    cfg = SamplingConfig(0.7, 50, 0.95)
-    prompts = [models.chat_prompt(tok, t) for t in demo.load_prompts()[: args.prompts]]
 
     def method(impl: str, rule: str, k: int):
         def run(p, kw):

@@ -28,12 +28,11 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-    from ab_common import print_table, rotated_runs
+    from ab_common import add_run_args, demo_prompts, print_table, rotated_runs
 
-    from coupling.llm import demo, models
     from coupling.llm import engine as E
+    from coupling.llm import models
     from coupling.llm.feature_draft import FEATURE_DRAFT_WEIGHTS, FeatureDrafter, load_feature_draft
-    from coupling.llm.sampling import SamplingConfig
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--weights", type=Path, action="append", default=[],
@@ -41,14 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scales", type=str, default="stored,1",
                     help="comma-separated logit scales per weights file; 'stored' = its own")
     ap.add_argument("--rules", type=str, default="token,block")
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
-    ap.add_argument("--threads", type=int, default=1)
+    add_run_args(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     target = models.load_target("bfloat16")
-    tok = models.load_tokenizer()
+    tok, cfg, prompts = demo_prompts(args.prompts)
     variants = {}
     for path in args.weights or [FEATURE_DRAFT_WEIGHTS]:
         for s in args.scales.split(","):
@@ -56,8 +53,6 @@ def main(argv: list[str] | None = None) -> int:
             d = load_feature_draft(target, path, head_tokens=8192, int8=True, logit_scale=scale)
             variants[f"{path.name} s={d.logit_scale:g}"] = d
     rules = args.rules.split(",")
-    cfg = SamplingConfig(0.7, 50, 0.95)
-    prompts = [models.chat_prompt(tok, t) for t in demo.load_prompts()[: args.prompts]]
     groups = [[(f"{name} {rule}",
                 lambda p, kw, d=variants[name], rule=rule: E.generate(
                     target, FeatureDrafter(d), p, rule=rule, gamma=2, **kw))

@@ -28,28 +28,23 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-    from ab_common import print_table, rotated_runs
+    from ab_common import add_run_args, demo_prompts, print_table, rotated_runs
 
-    from coupling.llm import demo, models
     from coupling.llm import engine as E
+    from coupling.llm import models
     from coupling.llm.feature_draft import FeatureDrafter, load_feature_draft
-    from coupling.llm.sampling import SamplingConfig
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rules", type=str, default="rrs:2,rrs:4",
                     help="comma-separated rule:k multi-draft methods")
-    ap.add_argument("--prompts", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--gamma", type=int, default=2)
-    ap.add_argument("--threads", type=int, default=1)
+    add_run_args(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     target = models.load_target("bfloat16")
-    tok = models.load_tokenizer()
+    tok, cfg, prompts = demo_prompts(args.prompts)
     draft = load_feature_draft(target, head_tokens=8192, int8=True)
-    cfg = SamplingConfig(0.7, 50, 0.95)
-    prompts = [models.chat_prompt(tok, t) for t in demo.load_prompts()[: args.prompts]]
     def method(rule: str, k: int, tree: bool):
         return lambda p, kw: E.generate(target, FeatureDrafter(draft), p, rule=rule,
                                         gamma=args.gamma, k=k, tree_attention=tree, **kw)
