@@ -118,6 +118,48 @@ def test_kseq_rho_is_smallest_valid():
                 assert (p - c * np.minimum(q, p / r2)).min() < 0
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    V=st.sampled_from([2, 3, 5, 12]),
+    alpha=st.sampled_from([0.02, 0.1, 0.5, 2.0]),
+    k=st.sampled_from([2, 3, 4, 8, 16]),
+    mix=st.booleans(),
+)
+def test_kseq_rho_against_high_precision_root(seed, V, alpha, k, mix):
+    """``optimal_rho`` against the smallest root of g(rho) = rho beta - 1 + (1 - beta)^k
+    bisected at 300 digits on the very float inputs: the acceptance 1 - (1 - beta)^k it
+    gives is within 1e-14 of the optimum's, and rho is valid (g >= -1e-15), including
+    peaked laws and p close to q (mix), where g is flat."""
+    import mpmath as mp
+
+    rng = np.random.default_rng(seed)
+    p, q = rng.dirichlet(np.full(V, alpha)), rng.dirichlet(np.full(V, alpha))
+    if mix:
+        q = 0.9 * p + 0.1 * q
+    p, q = check_pair(p, q)
+    rho = kseq.optimal_rho(p, q, k)
+    with mp.workdps(300):
+        P, Q = [mp.mpf(float(x)) for x in p], [mp.mpf(float(x)) for x in q]
+
+        def beta(r):
+            return sum(min(b, a / r) for a, b in zip(P, Q, strict=True))
+
+        def g(r):
+            b = beta(r)
+            return r * b - 1 + (1 - b) ** k
+
+        lo, hi = mp.mpf(1), mp.mpf(k)
+        if g(lo) >= 0:
+            hi = lo
+        for _ in range(110):
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if g(mid) >= 0 else (mid, hi)
+        acc_opt, acc = 1 - (1 - beta(hi)) ** k, 1 - (1 - beta(mp.mpf(rho))) ** k
+        assert float(acc_opt - acc) <= 1e-14, (float(hi), rho)
+        assert float(g(mp.mpf(rho))) >= -1e-15
+
+
 def test_k1_rules_coincide_with_token():
     rng = np.random.default_rng(5)
     p, q = rng.dirichlet(np.ones(5)), rng.dirichlet(np.ones(5))

@@ -43,10 +43,10 @@ are rejected, draw from ``r``.
 ``u_j rho q(x_j) < p(x_j)``; else draw from
 :math:`(p - c \min(q, p/\rho))_+` with :math:`c = (1 - (1-\beta)^m)/\beta`, summed as the
 geometric series :math:`\sum_{i<m} (1-\beta)^i` (no cancellation for tiny :math:`\beta`).
-``rho*`` is the same root as :func:`coupling.rules.kseq.optimal_rho` (which sorts the
-breakpoints ``p/q`` and polishes with Brent's method); here the Illinois variant of
-regula falsi on ``[1, m]``, one O(V) pass per iteration and no sort, returning a point
-where the validity margin :math:`\rho - c(\beta(\rho)) \ge 0` (:func:`kseq_rho`).
+``rho*`` is the root of :func:`coupling.rules.kseq.optimal_rho` by the same algorithm
+(:func:`kseq_rho`: one sort of the breakpoints ``p/q``, then the shared
+:func:`coupling.rules.kseq.segment_root` on ``[B]``-sized tensors; on a CPU, a few rows
+take the numpy reference row by row).
 
 ``optimal`` (LP-optimal acceptance): with one survivor it is ``token`` (optimal for k = 1,
 vectorised). With ``m >= 2`` survivors it samples the row of the draft tuple in an exact
@@ -75,6 +75,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..rules import kseq as ref_kseq
 from ..rules.kseq import RESIDUAL_ULPS as _KSEQ_RESIDUAL_ULPS
 from ._common import Verdict, assemble, check_inputs, coin_uniforms, sample_rows, sample_uniforms
 from .rng import gumbel_noise
@@ -198,60 +199,163 @@ def _geometric_c(beta: torch.Tensor, mf: torch.Tensor, kmax: int) -> torch.Tenso
     return c
 
 
-def kseq_rho(p: torch.Tensor, q: torch.Tensor, m: torch.Tensor, iters: int = 200) -> torch.Tensor:
+#: On a CPU, batches of at most ``SMALL_ROWS`` rows of at most ``SMALL_V`` tokens take the
+#: numpy reference's root row by row (:func:`coupling.rules.kseq._optimal_rho`): at the
+#: engine's B = 1 and a few hundred support tokens, torch's per-operation overhead makes the
+#: torch path 3-6x slower (``benchmarks/bench_kseq_rho.py``: 0.3-0.6 against 0.9-2.4 ms).
+#: Over a large vocabulary where every token has mass, the reference sorts thousands of
+#: breakpoints (7-10 ms at V = 49152, against 3-4 ms here). ``SMALL_ROWS = 0`` forces the
+#: torch path (the conformance tests run both).
+SMALL_ROWS = 8
+SMALL_V = 4096
+#: Breakpoints the torch root orders at most (a ``topk``); above, Illinois steps first.
+SORT_AT_MOST = 64
+_TORCH_OPS = ref_kseq.Ops(torch.where, torch.log)
+
+
+def _direct_margin(p, q, dp, dq, mf, kmax: int, rho: torch.Tensor) -> torch.Tensor:
+    """:func:`coupling.rules.kseq.margin` at ``rho [B]`` from one pass over ``p, q [B, V]``,
+    as the reference's ``_direct_margin``: with ``w = q - p/rho``,
+    ``D = dq + sum w_+`` and ``E = dp + rho sum (-w)_+``, sums of non-negative terms."""
+    w = q - p / rho.unsqueeze(1)
+    d = dq + w.clamp(min=0.0).sum(-1)
+    e = dp + rho * (-w).clamp(min=0.0).sum(-1)
+    return ref_kseq.margin(rho, d, e, mf, kmax, _TORCH_OPS)[0]
+
+
+def _cheap_h(p, q, mf, kmax: int, rho: torch.Tensor) -> torch.Tensor:
+    """``h = rho - c(beta)``, :math:`\\beta = \\sum \\min(q, p/\\rho)`: three passes over ``V``,
+    with a rounding error below :func:`_h_tolerance`."""
+    return rho - _geometric_c(torch.minimum(q, p / rho.unsqueeze(1)).sum(-1), mf, kmax)
+
+
+def _h_tolerance(kmax: int) -> float:
+    """A bound on the rounding error of :func:`_cheap_h` (``beta`` to a few ulps times
+    ``c' <= m^2``): beyond it, the sign of ``h`` is certain."""
+    return 64.0 * (kmax + 1) ** 2 * torch.finfo(torch.float64).eps
+
+
+def kseq_rho(p: torch.Tensor, q: torch.Tensor, m: torch.Tensor, iters: int = 100) -> torch.Tensor:
     r"""Smallest :math:`\rho \in [1, m]` whose K-SEQ residual is a distribution, per row.
 
     ``p, q`` float64 ``[B, V]``, ``m`` int ``[B]`` (number of drafts). Returns float64 ``[B]``.
-    As in :func:`coupling.rules.kseq.optimal_rho`: ``rho = 1`` when ``m <= 1``, when
-    :math:`\beta(1) = 0`, or when the validity margin
-    :math:`h(\rho) = \rho - c(\beta(\rho))` (:math:`\beta(\rho) = \sum_y \min(q, p/\rho)`,
-    ``c`` by :func:`_geometric_c`) is already ``>= 0`` at 1; otherwise the smallest root of
-    the non-decreasing, continuous, piecewise-smooth ``h`` in ``[1, m]``.
+    The root of :func:`coupling.rules.kseq.optimal_rho`: ``rho = 1`` when ``m <= 1``, when
+    :math:`\beta(1) = 0`, or when ``rho = 1`` is already valid; otherwise the smallest root
+    in ``[1, m]`` of the non-decreasing, continuous, piecewise-smooth validity margin
+    (:func:`coupling.rules.kseq.margin`, the sign of :math:`h(\rho) = \rho - c(\beta(\rho))`).
+    The reference sorts every breakpoint ``p/q`` in ``(1, m)``; here:
 
-    The numpy reference sorts the breakpoints ``p/q`` and polishes with Brent's method; here,
-    without a sort, the Illinois variant of regula falsi runs on the bracket
-    ``h(lo) < 0 <= h(hi)`` (bisection if a step leaves it), one pass over the vocabulary per
-    evaluation, until the bracket is narrower than 1e-15 (relative); ``hi`` is returned, so
-    ``h(rho) >= 0`` in floating point, as in the reference.
+    1. while more than ``SORT_AT_MOST`` breakpoints lie inside the bracket ``[lo, hi]``
+       (thousands where every token has mass), the Illinois variant of regula falsi
+       narrows it, three passes over ``V`` per step (:func:`_cheap_h`), as long as the
+       sign of ``h`` is certain (:func:`_h_tolerance`);
+    2. the few breakpoints left are ordered (a ``topk``), and cumulative sums over them,
+       on top of the masses below ``lo`` and above ``hi``, give the margin at each, hence
+       the segment free of breakpoints where it turns non-negative, as in the reference;
+    3. on it :func:`coupling.rules.kseq.segment_root`, shared with the reference, solves
+       the smooth margin on ``[B]``-sized tensors (closed form for ``m = 2``, safeguarded
+       Newton otherwise);
+    4. ``rho`` steps up by 1, 2, 4, ... ulps until the direct margin is ``>= 0``
+       (``rho = m`` always is valid).
+
+    ``iters`` bounds the Illinois steps (stage 2 is exact whatever bracket they leave). On
+    a CPU, ``B <= SMALL_ROWS`` rows of at most ``SMALL_V`` tokens take the reference's
+    numpy root row by row.
     """
     B, V = p.shape
+    if p.device.type == "cpu" and B <= SMALL_ROWS and V <= SMALL_V:
+        P, Q = p.detach().numpy(), q.detach().numpy()
+        return torch.tensor([ref_kseq._optimal_rho(P[b], Q[b], int(mb))
+                             for b, mb in enumerate(m.tolist())], dtype=torch.float64)
     rho = torch.ones(B, dtype=torch.float64, device=p.device)
-    mf_all = m.to(torch.float64)
-    need = mf_all > 1
+    need = (m > 1) & (torch.minimum(p, q).sum(-1) > 0)  # else token / nothing to accept
     if not bool(need.any()):
         return rho
-    kmax = int(m.max())
-    b1 = torch.minimum(p, q).sum(-1)  # beta(1)
-    h1 = 1.0 - _geometric_c(b1, mf_all, kmax)
-    need = need & (b1 > 0) & (h1 < 0)
+    kmax = int(m[need].max())
+    mf_all = m.to(torch.float64)
+    dp_all, dq_all = 1.0 - p.sum(-1), 1.0 - q.sum(-1)
+    f1 = _cheap_h(p, q, mf_all, kmax, rho)
+    unsure = f1.abs() <= _h_tolerance(kmax)
+    if bool((need & unsure).any()):  # a flat margin at 1: the exact sign
+        f1 = torch.where(unsure, _direct_margin(p, q, dp_all, dq_all, mf_all, kmax, rho), f1)
+    need = need & (f1 < 0)  # rho = 1 invalid
     if not bool(need.any()):
         return rho
     idx = torch.nonzero(need).squeeze(1)
-    P, Q, mf = p[idx], q[idx], mf_all[idx]  # only the rows that need a root
+    P, Q, mf, dp, dq = p[idx], q[idx], mf_all[idx], dp_all[idx], dq_all[idx]
+    mm = kmax if bool((mf == kmax).all()) else mf  # a Python int: the margin's fast path
+    mcol = mm if isinstance(mm, int) else mm.unsqueeze(1)
 
-    def h_of(x: torch.Tensor) -> torch.Tensor:
-        beta = torch.minimum(Q, P / x.unsqueeze(1)).sum(-1)  # one pass over the vocabulary
-        return x - _geometric_c(beta, mf, kmax)
+    def f_of(x: torch.Tensor) -> torch.Tensor:
+        return _direct_margin(P, Q, dp, dq, mm, kmax, x)
 
-    # Illinois (modified regula falsi): superlinear on a piecewise-smooth h, and, unlike
-    # Newton, not stalled by the kinks at the breakpoints
+    # 1. Illinois on [1, m] while many breakpoints p/q lie inside the bracket, on the cheap
+    # h = rho - c(beta) (three passes over V); a row whose |h| falls to its rounding error
+    # stops there (its sign is no longer certain; stage 2 is exact on whatever it kept)
+    R = P / Q  # q = 0 < p: +inf, above every rho; p = q = 0: NaN, in no comparison (no mass)
+    tol = _h_tolerance(kmax)
     lo, hi = torch.ones_like(mf), mf.clone()
-    hlo, hhi = h1[idx], h_of(hi).clamp(min=0.0)  # c <= m always: rho = m is valid
+    flo, fhi = f1[idx], torch.zeros_like(mf)  # h(m) >= 0; 0 is a safe secant end
     side = torch.zeros_like(mf)
+    active = torch.ones_like(need[idx])
+    inside = None
     for it in range(iters):
-        x = hi - hhi * (hi - lo) / torch.where(hhi > hlo, hhi - hlo, 1.0)
+        if it % 2 == 0:  # the count costs three passes: every second step
+            inside = (R > lo[:, None]) & (R < hi[:, None])
+            if not bool((active & (inside.sum(-1) > SORT_AT_MOST)).any()):
+                break
+        x = hi - fhi * (hi - lo) / torch.where(fhi > flo, fhi - flo, 1.0)
         x = torch.where((x > lo) & (x < hi), x, 0.5 * (lo + hi))
-        hx = h_of(x)
-        good = hx >= 0
+        hx = _cheap_h(P, Q, mf, kmax, x)
+        active = active & (hx.abs() > tol)
+        good, bad = active & (hx >= 0), active & (hx < 0)
         # the end that stayed put twice in a row has its value halved (Illinois step)
-        hlo = torch.where(good & (side > 0), 0.5 * hlo, hlo)
-        hhi = torch.where(~good & (side < 0), 0.5 * hhi, hhi)
-        hi, hhi = torch.where(good, x, hi), torch.where(good, hx, hhi)
-        lo, hlo = torch.where(good, lo, x), torch.where(good, hlo, hx)
-        side = torch.where(good, 1.0, -1.0)
-        if it % 4 == 3 and float(((hi - lo) / hi).amax()) <= 1e-15:  # one sync every 4 steps
-            break
-    return rho.index_put((idx,), hi)
+        flo = torch.where(good & (side > 0), 0.5 * flo, flo)
+        fhi = torch.where(bad & (side < 0), 0.5 * fhi, fhi)
+        hi, fhi = torch.where(good, x, hi), torch.where(good, hx, fhi)
+        lo, flo = torch.where(bad, x, lo), torch.where(bad, hx, flo)
+        side = torch.where(good, 1.0, torch.where(bad, -1.0, side))
+        inside = None
+    # 2. the n breakpoints left, in order, on top of the masses below lo and above hi
+    if inside is None:  # the loop ran out: count for the final bracket
+        inside = (R > lo[:, None]) & (R < hi[:, None])
+    n = int(inside.sum(-1).max())
+    zero = torch.zeros((), dtype=P.dtype, device=P.device)
+    low, high = R <= lo[:, None], R >= hi[:, None]
+    base_lt = ((P * low).sum(-1, keepdim=True), (Q * low).sum(-1, keepdim=True))
+    base_ge = ((P * high).sum(-1, keepdim=True), (Q * high).sum(-1, keepdim=True))
+    n = max(n, 1)  # at least one (+inf) column: amin needs it
+    t, order = torch.where(inside, R, torch.inf).topk(n, -1, largest=False, sorted=True)
+    real = torch.isfinite(t)  # rows with fewer than n breakpoints left are padded with +inf
+    ps = torch.where(real, P.gather(1, order), zero)
+    qs = torch.where(real, Q.gather(1, order), zero)
+    pad = torch.zeros_like(lo)[:, None]
+    p_lt, q_lt = (b + torch.cat([pad, x.cumsum(-1)], 1)
+                  for b, x in zip(base_lt, (ps, qs), strict=True))      # [A, n+1]: first j
+    p_ge, q_ge = (b + torch.cat([x.flip(-1).cumsum(-1).flip(-1), pad], 1)
+                  for b, x in zip(base_ge, (ps, qs), strict=True))
+    f_t, _ = ref_kseq.segment_margin(torch.where(real, t, 1.0), (p_lt[:, :n], q_lt[:, :n]),
+                                     (p_ge[:, :n], q_ge[:, :n]), (dp[:, None], dq[:, None]),
+                                     mcol, kmax, _TORCH_OPS)
+    hi = torch.where(real & (f_t >= 0), t, hi[:, None]).amin(-1)
+    lo = torch.where(real & (t < hi[:, None]), t, lo[:, None]).amax(-1)
+    s = (t <= lo[:, None]).sum(-1, keepdim=True)       # breakpoints left at or below lo
+    below = (p_lt.gather(1, s).squeeze(1), q_lt.gather(1, s).squeeze(1))
+    above = (p_ge.gather(1, s).squeeze(1), q_ge.gather(1, s).squeeze(1))
+    # 3. the smooth root on the segment
+    x = ref_kseq.segment_root(lo, hi, below, above, (dp, dq), mm, kmax, _TORCH_OPS)
+    # 4. the root may sit an ulp below the true root: step up until the margin is >= 0
+    # (after the first pass, only over the rows still short)
+    step = torch.finfo(torch.float64).eps * x
+    rows = torch.nonzero((x < mf) & (f_of(x) < 0)).squeeze(1)
+    while rows.numel():
+        x[rows] = torch.minimum(mf[rows], x[rows] + step[rows])
+        step[rows] *= 2.0
+        xr = x[rows]
+        mr = mm if isinstance(mm, int) else mm[rows]
+        f = _direct_margin(P[rows], Q[rows], dp[rows], dq[rows], mr, kmax, xr)
+        rows = rows[(xr < mf[rows]) & (f < 0)]
+    return rho.index_put((idx,), x)
 
 
 def _kseq_step(p_i, q_i, x, alive, coins, u, i, act):
