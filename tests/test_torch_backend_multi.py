@@ -546,6 +546,14 @@ def test_kseq_rho_matches_numpy_optimal_rho(monkeypatch, small_rows):
                 ref = ref_kseq.optimal_rho(p, q, m)
                 assert abs(got - ref) <= 1e-12 * ref, (V, m, a, got, ref)
                 assert ref_kseq._h(p, q, m, got) >= -64 * m * np.finfo(float).eps
+    # laws rounded through float32, as the engine's are: sums off by up to ~1e-7
+    for V, m in [(5, 2), (50, 4), (300, 8)]:
+        for _ in range(6):
+            p, q = (x.astype(np.float32).astype(np.float64) for x in _random_pq(rng, V, 0.3))
+            got = float(kseq_rho(torch.tensor(p)[None], torch.tensor(q)[None],
+                                 torch.tensor([m]))[0])
+            ref = ref_kseq._optimal_rho(p, q, m)
+            assert abs(got - ref) <= 1e-12 * ref, (V, m, got, ref)
     # batched rows with different m (one of them needing no root) give the per-row answers
     rows = [_random_pq(rng, 20, 0.5) for _ in range(10)]
     ms = torch.tensor([1, 2, 3, 4, 2, 8, 16, 3, 2, 5])

@@ -141,7 +141,7 @@ def margin(rho, d, e, m, kmax: int, ops: Ops = NP_OPS, dd=0.0, de=0.0):
     arrays (``NP_OPS``) or torch tensors, broadcasting together; ``m`` a Python int or an
     array of them (per row), ``kmax >= max(m)``.
     ``g = \rho\beta - 1 + (1-\beta)^m = D^m - E = \beta h``, so all three share a sign.
-    Callers pass ``D`` and ``E`` summed from non-negative terms (:func:`_direct_de`,
+    Callers pass ``D`` and ``E`` summed from non-negative terms (:func:`_direct_margin`,
     :func:`segment_margin`): both are then resolved far below an ulp of 1.
 
     * Where :math:`\beta \ge 1/2` (``D <= 1/2``): ``f = m log D - log E`` (``+1`` where

@@ -43,10 +43,10 @@ are rejected, draw from ``r``.
 ``u_j rho q(x_j) < p(x_j)``; else draw from
 :math:`(p - c \min(q, p/\rho))_+` with :math:`c = (1 - (1-\beta)^m)/\beta`, summed as the
 geometric series :math:`\sum_{i<m} (1-\beta)^i` (no cancellation for tiny :math:`\beta`).
-``rho*`` is the root of :func:`coupling.rules.kseq.optimal_rho` by the same algorithm
-(:func:`kseq_rho`: one sort of the breakpoints ``p/q``, then the shared
-:func:`coupling.rules.kseq.segment_root` on ``[B]``-sized tensors; on a CPU, a few rows
-take the numpy reference row by row).
+``rho*`` is the root of :func:`coupling.rules.kseq.optimal_rho` (:func:`kseq_rho`: on a
+CPU a few rows take the numpy reference row by row; otherwise Illinois narrows the bracket
+while many breakpoints ``p/q`` lie inside it, a ``topk`` orders the rest, and the shared
+:func:`coupling.rules.kseq.segment_root` solves the last segment on ``[B]``-sized tensors).
 
 ``optimal`` (LP-optimal acceptance): with one survivor it is ``token`` (optimal for k = 1,
 vectorised). With ``m >= 2`` survivors it samples the row of the draft tuple in an exact
@@ -268,13 +268,14 @@ def kseq_rho(p: torch.Tensor, q: torch.Tensor, m: torch.Tensor, iters: int = 100
         return torch.tensor([ref_kseq._optimal_rho(P[b], Q[b], int(mb))
                              for b, mb in enumerate(m.tolist())], dtype=torch.float64)
     rho = torch.ones(B, dtype=torch.float64, device=p.device)
-    need = (m > 1) & (torch.minimum(p, q).sum(-1) > 0)  # else token / nothing to accept
+    b1 = torch.minimum(p, q).sum(-1)  # beta(1)
+    need = (m > 1) & (b1 > 0)  # else token / nothing to accept
     if not bool(need.any()):
         return rho
     kmax = int(m[need].max())
     mf_all = m.to(torch.float64)
     dp_all, dq_all = 1.0 - p.sum(-1), 1.0 - q.sum(-1)
-    f1 = _cheap_h(p, q, mf_all, kmax, rho)
+    f1 = 1.0 - _geometric_c(b1, mf_all, kmax)  # _cheap_h at 1
     unsure = f1.abs() <= _h_tolerance(kmax)
     if bool((need & unsure).any()):  # a flat margin at 1: the exact sign
         f1 = torch.where(unsure, _direct_margin(p, q, dp_all, dq_all, mf_all, kmax, rho), f1)
