@@ -1,5 +1,6 @@
 """The loop and the table the same-process A/B benchmarks share (``bench_draft_ab.py``,
-``bench_tree.py``, ``bench_attention.py``); not a benchmark itself (``run_all.py`` runs
+``bench_tree.py``, ``bench_attention.py``), and the synthetic laws of the verification-call
+timings (``bench_decide.py``, ``bench_kseq_rho.py``); not a benchmark itself (``run_all.py`` runs
 ``bench_*.py`` only).
 
 For each prompt (seed = its index): plain autoregressive sampling, then every group of
@@ -33,6 +34,23 @@ def demo_prompts(n: int):
     tok = models.load_tokenizer()
     prompts = [models.chat_prompt(tok, t) for t in demo.load_prompts()[:n]]
     return tok, SamplingConfig(0.7, 50, 0.95), prompts
+
+
+def demo_laws(k: int, g: int, V: int, cfg, gen):
+    """Synthetic laws for timing the engine's verification call: target logits N(0, 3^2) and
+    draft logits the target's plus N(0, 1), through the sampling transforms ``cfg``; the k
+    branches share their first position's laws (one prefix). Returns ``p [k, g+1, V]`` and
+    ``q [k, g, V]`` (float32), drawn from ``gen``."""
+    import torch
+
+    from coupling.llm.sampling import probs
+
+    lp = torch.randn(k, g + 1, V, generator=gen) * 3
+    lp[:, 0] = lp[0, 0].clone()                          # one prefix: one first law
+    lq = lp[:, :g] + torch.randn(k, g, V, generator=gen)
+    lq[:, 0] = lq[0, 0].clone()
+    return (probs(lp.reshape(-1, V), cfg).reshape(k, g + 1, V),
+            probs(lq.reshape(-1, V), cfg).reshape(k, g, V))
 
 
 def rotated_runs(target, prompts: Sequence[list[int]], groups: Sequence[Sequence[Method]], *,

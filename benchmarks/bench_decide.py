@@ -25,9 +25,10 @@ import time
 
 def main(argv: list[str] | None = None) -> int:
     import torch
+    from ab_common import demo_laws
 
     from coupling.llm import rules_adapter
-    from coupling.llm.sampling import SamplingConfig, probs
+    from coupling.llm.sampling import SamplingConfig
     from coupling.torch_backend import rng
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -49,12 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = ((False, small), (True, small), (True, 0))   # (compress, SMALL_PREFIX)
     for rule, k in [("token", 1), ("block", 1), ("gumbel", 1), ("rrs", 2), ("kseq", 2),
                     ("optimal", 2), ("rrs", 4), ("kseq", 4)]:
-        lp = torch.randn(k, g + 1, V, generator=gen) * 3
-        lp[:, 0] = lp[0, 0].clone()                          # one prefix: one first law
-        lq = lp[:, :g] + torch.randn(k, g, V, generator=gen)
-        lq[:, 0] = lq[0, 0].clone()
-        p = probs(lp.reshape(-1, V), cfg).reshape(k, g + 1, V)
-        q = probs(lq.reshape(-1, V), cfg).reshape(k, g, V)
+        p, q = demo_laws(k, g, V, cfg, gen)
         if rule == "gumbel":
             drafts = torch.stack([rules_adapter.gumbel_draft(q[:, i], 0, 100 + i)
                                   for i in range(g)], 1)

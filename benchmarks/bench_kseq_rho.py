@@ -136,9 +136,10 @@ def kernel_ab(args, baseline_root) -> None:
     ``bench_kernels.py``'s inputs (B = 1, gamma = 4, V = 49152, full-support laws) and the
     engine's ``rules_adapter.decide`` on ``bench_decide.py``'s (gamma = 2, on the support)."""
     import torch
+    from ab_common import demo_laws
 
     from coupling.llm import rules_adapter
-    from coupling.llm.sampling import SamplingConfig, probs
+    from coupling.llm.sampling import SamplingConfig
     from coupling.torch_backend import VERIFIERS, multi
 
     current = multi.kseq_rho
@@ -159,12 +160,7 @@ def kernel_ab(args, baseline_root) -> None:
                       lambda x=x, p=p, q=q: VERIFIERS["kseq"](x, p, q, seeds=0, positions=100,
                                                               validate=False)))
     for k in (2, 4):  # bench_decide: the engine's call on the laws' support
-        lp = torch.randn(k, 3, V, generator=gen) * 3
-        lp[:, 0] = lp[0, 0].clone()
-        lq = lp[:, :2] + torch.randn(k, 2, V, generator=gen)
-        lq[:, 0] = lq[0, 0].clone()
-        p = probs(lp.reshape(-1, V), cfg).reshape(k, 3, V)
-        q = probs(lq.reshape(-1, V), cfg).reshape(k, 2, V)
+        p, q = demo_laws(k, 2, V, cfg, gen)
         d = torch.multinomial(q.reshape(-1, V), 1, generator=gen).reshape(k, 2)
         cases.append((f"engine decide kseq, k = {k}",
                       lambda d=d, p=p, q=q: rules_adapter.decide("kseq", d, q, p, 0, 100)))
