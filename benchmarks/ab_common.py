@@ -84,3 +84,51 @@ def print_table(tot: dict[str, list[float]], label: str, width: int) -> None:
     for name, (n, s, c, ts, ds) in tot.items():
         print(f"{name:{width}s} {n / c:9.3f} {n / s:6.2f} {(n / s) / (n_ar / s_ar):5.3f}x "
               f"{1e3 * ts / c:14.1f} {1e3 * ds / c:13.2f} {1e3 * (s - ts - ds) / c:13.2f}")
+
+
+class TargetStep:
+    """The real target's step, timed in this process: the denominator of the verification
+    calls' "% of a step", so that both sides see the same machine (on this shared CPU the
+    same call moves by 1.5-4x between phases, and a step cost copied from another run made
+    percentages meaningless). :meth:`time_ms` runs one forward of ``new`` tokens for
+    ``batch`` rows at context ``ctx`` (SmolLM2-135M, bf16 on a CPU as the engine runs it,
+    float16 on CUDA) and rolls the cache back: ``batch = 1, new = 1`` is a decoding step,
+    ``batch = B k, new = gamma + 1`` the verification call of a ``[B, k, gamma]`` tree.
+    """
+
+    _models: dict = {}
+
+    def __init__(self, device: str = "cpu", batch: int = 1, new: int = 1, ctx: int = 100,
+                 seed: int = 0):
+        import torch
+        from transformers import DynamicCache
+
+        from coupling.llm import models
+
+        if device not in self._models:
+            dtype = "bfloat16" if device == "cpu" else "float16"
+            self._models[device] = models.load_target(dtype).to(device)
+        self.model, self.device = self._models[device], device
+        V = self.model.config.vocab_size
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(0, V, (batch, ctx), generator=g).to(device)
+        self.tokens = torch.randint(0, V, (batch, new), generator=g).to(device)
+        self.cache = DynamicCache()
+        with torch.no_grad():
+            self.model(input_ids=ids, cache=self.cache, use_cache=True)
+
+    def time_ms(self) -> float:
+        import time
+
+        import torch
+
+        with torch.no_grad():
+            if self.device != "cpu":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            self.model(input_ids=self.tokens, cache=self.cache, use_cache=True)
+            if self.device != "cpu":
+                torch.cuda.synchronize()
+            dt = time.perf_counter() - t0
+        self.cache.crop(-self.tokens.shape[1])
+        return 1e3 * dt

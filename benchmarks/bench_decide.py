@@ -1,15 +1,17 @@
 #!/usr/bin/env python
 """The engine's verification call (``rules_adapter.decide``, B = 1) on laws as the demo makes
 them, with the support compression on against off (the baseline), in the same process; and,
-compressed, the keyed uniforms' key prefix hashed in Python integers (the default for a few
-keys on a CPU, ``rng.SMALL_PREFIX``) against tensor ops (``SMALL_PREFIX = 0``, the old way).
+compressed, the keyed uniforms' keys and key prefixes hashed in Python integers (the default
+for a few keys on a CPU, ``rng.SMALL_PREFIX``) against tensor ops (``SMALL_PREFIX = 0``, the
+old way).
 
 Laws: target logits N(0, 3^2) and draft logits the target's plus N(0, 1), both through the
 demo's sampling transforms (T = 0.7, top-k 50, top-p 0.95) at V = 49152, so each law has at
 most 50 tokens; drafts sampled from q (shared first-position laws across the k branches,
 i.i.d. first tokens). gamma = 2 as in the demo. Each configuration alternates the two modes
-for ``--repeats`` calls and prints medians and their ratio, with the share of a target step
-of ``--step-ms`` milliseconds (the 1-token bf16 target call measured by ``bench_llm.py``).
+for ``--repeats`` calls and prints medians and their ratio, with the share of a target step:
+the real target's one-token bf16 decoding step at context 100, timed in this process just
+before and after each row (``ab_common.TargetStep``; ``--step-ms`` fixes it instead).
 
 Usage::
 
@@ -25,7 +27,7 @@ import time
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-    from ab_common import demo_laws
+    from ab_common import TargetStep, demo_laws
 
     from coupling.llm import rules_adapter
     from coupling.llm.sampling import SamplingConfig
@@ -35,17 +37,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--repeats", type=int, default=60)
     ap.add_argument("--gamma", type=int, default=2)
-    ap.add_argument("--step-ms", type=float, default=58.0)
+    ap.add_argument("--step-ms", type=float, default=None,
+                    help="a fixed target step in ms (default: timed in this process)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     cfg = SamplingConfig(0.7, 50, 0.95)
     V, g = 49152, args.gamma
     gen = torch.Generator().manual_seed(0)
+    step = None if args.step_ms else TargetStep()
     print(f"V = {V}, gamma = {g}, {args.threads} thread(s), medians of {args.repeats} calls; "
-          f"% of a {args.step_ms:g} ms target step")
+          f"% of a target step " + (f"of {args.step_ms:g} ms" if args.step_ms else
+                                     "timed around each row (median of 6)"))
     print(f"{'rule':8s} {'k':>2s} {'full V, ms':>10s} {'compressed, ms':>14s} {'ratio':>6s} "
-          f"{'% step (compressed)':>20s} {'support':>7s} {'tensor-hashed, ms':>17s} "
-          f"{'int / tensor':>12s}")
+          f"{'step, ms':>8s} {'% step (compressed)':>20s} {'support':>7s} "
+          f"{'tensor-hashed, ms':>17s} {'int / tensor':>12s}")
     small = rng.SMALL_PREFIX
     modes = ((False, small), (True, small), (True, 0))   # (compress, SMALL_PREFIX)
     for rule, k in [("token", 1), ("block", 1), ("gumbel", 1), ("rrs", 2), ("kseq", 2),
@@ -57,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             drafts = torch.multinomial(q.reshape(-1, V), 1, generator=gen).reshape(k, g)
         times: dict[tuple[bool, int], list[float]] = {m: [] for m in modes}
+        steps = [step.time_ms() for _ in range(3)] if step else []
         for i in range(args.repeats + 5):
             for compress, prefix in modes:
                 rng.SMALL_PREFIX = prefix
@@ -65,10 +71,12 @@ def main(argv: list[str] | None = None) -> int:
                 if i >= 5:
                     times[(compress, prefix)].append(time.perf_counter() - t0)
         rng.SMALL_PREFIX = small
+        steps += [step.time_ms() for _ in range(3)] if step else []
+        step_ms = statistics.median(steps) if step else args.step_ms
         full, comp, old = (1e3 * statistics.median(times[m]) for m in modes)
         U = rules_adapter.support(p, q).numel()
-        print(f"{rule:8s} {k:2d} {full:10.2f} {comp:14.2f} {comp / full:6.2f} "
-              f"{100 * comp / args.step_ms:19.1f}% {U:7d} {old:17.2f} {comp / old:12.2f}")
+        print(f"{rule:8s} {k:2d} {full:10.2f} {comp:14.2f} {comp / full:6.2f} {step_ms:8.1f} "
+              f"{100 * comp / step_ms:19.1f}% {U:7d} {old:17.2f} {comp / old:12.2f}")
     return 0
 
 

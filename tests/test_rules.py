@@ -125,12 +125,15 @@ def test_kseq_rho_is_smallest_valid():
     alpha=st.sampled_from([0.02, 0.1, 0.5, 2.0]),
     k=st.sampled_from([2, 3, 4, 8, 16]),
     mix=st.booleans(),
+    binned=st.booleans(),
 )
-def test_kseq_rho_against_high_precision_root(seed, V, alpha, k, mix):
+def test_kseq_rho_against_high_precision_root(seed, V, alpha, k, mix, binned):
     """``optimal_rho`` against the smallest root of g(rho) = rho beta - 1 + (1 - beta)^k
     bisected at 300 digits on the very float inputs: the acceptance 1 - (1 - beta)^k it
     gives is within 1e-14 of the optimum's, and rho is valid (g >= -1e-15), including
-    peaked laws and p close to q (mix), where g is flat."""
+    peaked laws and p close to q (mix), where g is flat. ``binned``: the histogram passes
+    narrow the bracket even for these few ratios (``SORT_AT_MOST = 0``), as they do where
+    thousands lie inside (1, k)."""
     import mpmath as mp
 
     rng = np.random.default_rng(seed)
@@ -138,7 +141,9 @@ def test_kseq_rho_against_high_precision_root(seed, V, alpha, k, mix):
     if mix:
         q = 0.9 * p + 0.1 * q
     p, q = check_pair(p, q)
-    rho = kseq.optimal_rho(p, q, k)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kseq, "SORT_AT_MOST", 0 if binned else kseq.SORT_AT_MOST)
+        rho = kseq.optimal_rho(p, q, k)
     with mp.workdps(300):
         P, Q = [mp.mpf(float(x)) for x in p], [mp.mpf(float(x)) for x in q]
 
@@ -388,6 +393,40 @@ def test_large_vocabulary_closed_forms_run():
     )
     with pytest.raises(ValueError, match="no exact large-vocabulary sampler"):
         RULES["optimal"].sample(p, q, np.array([1, 2]), rng)
+
+
+def _dense_laws(V: int, seed: int, clustered: bool = False):
+    """Full-support laws as a plain softmax makes them (every token has mass, thousands of
+    ratios p/q inside (1, k)); ``clustered``: p = q times one of two constants, so that
+    half the ratios are equal and no bin can split them."""
+    rng = np.random.default_rng(seed)
+    z = rng.normal(scale=3.0, size=V)
+    p = np.exp(z - z.max())
+    q = p * np.exp(rng.normal(size=V))
+    if clustered:
+        q = p * np.where(np.arange(V) % 2 == 0, 1.0, 1.5)
+    return check_pair(p / p.sum(), q / q.sum())
+
+
+@pytest.mark.parametrize("clustered", [False, True], ids=["dense", "clustered"])
+def test_kseq_rho_binned_equals_sorted(monkeypatch, clustered):
+    """Where more than ``SORT_AT_MOST`` ratios lie inside (1, k), histogram passes narrow the
+    bracket before the sort; the root equals the one from sorting every ratio (to 1e-12,
+    summation order), is valid, and 1e-9 less is not. Clustered ratios (half of them equal)
+    stay inside whatever the bins: the sort then takes them all."""
+    for V, seed in [(3000, 0), (49152, 1)]:
+        p, q = _dense_laws(V, seed, clustered)
+        for k in (2, 4, 8):
+            ratio = p / q
+            assert np.count_nonzero((ratio > 1) & (ratio < k)) > kseq.SORT_AT_MOST
+            binned = kseq.optimal_rho(p, q, k)
+            monkeypatch.setattr(kseq, "SORT_AT_MOST", V)
+            sorted_ = kseq.optimal_rho(p, q, k)
+            monkeypatch.undo()
+            assert abs(binned - sorted_) <= 1e-12 * sorted_, (V, k, binned, sorted_)
+            assert kseq._h(p, q, k, binned) >= 0.0
+            if binned > 1.0:
+                assert kseq._h(p, q, k, binned * (1 - 1e-9)) < 0.0
 
 
 def test_kseq_rho_large_vocabulary_path():

@@ -237,17 +237,21 @@ def test_keyed_hash_matches_pure_python_uint64(small_prefix, monkeypatch):
        st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=3),
        st.integers(0, 3), st.integers(1, 5))
 def test_small_key_prefixes_hash_like_the_tensor_path(seeds, positions, stream, n):
-    """The Python-integer prefix (few keys on a CPU) gives the tensor path's bits, for
-    uniforms, coins and Gumbel noise, in every broadcast shape the rules use."""
+    """The Python-integer keys and prefixes (few keys on a CPU) give the tensor path's bits,
+    for hashes, uniforms, coins and Gumbel noise, in every broadcast shape the rules use."""
     s = torch.tensor(seeds).view(-1, 1, 1)
     t = torch.tensor(positions).view(1, -1, 1)
     j = torch.arange(n).view(1, 1, -1)
-    fast = (keyed_hash(s, t, stream, j), gumbel_noise(s[:, :, 0], t[:, :, 0], 50,
-                                                      tokens=torch.tensor([0, 7, 49])))
+
+    def draw():
+        return (keyed_hash(s, t, stream, j), keyed_uniforms(s, t, stream, j),
+                uniforms(s[:, 0, 0], t[0, :1, 0].expand(s.shape[0]), n, stream=stream),
+                gumbel_noise(s[:, :, 0], t[:, :, 0], 50, tokens=torch.tensor([0, 7, 49])))
+
+    fast = draw()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(rng_mod, "SMALL_PREFIX", 0)
-        slow = (keyed_hash(s, t, stream, j), gumbel_noise(s[:, :, 0], t[:, :, 0], 50,
-                                                          tokens=torch.tensor([0, 7, 49])))
+        slow = draw()
     for a, b in zip(fast, slow, strict=True):
         assert a.shape == b.shape and torch.equal(a, b)
 

@@ -565,6 +565,35 @@ def test_kseq_rho_matches_numpy_optimal_rho(monkeypatch, small_rows):
         assert abs(float(got[i]) - ref) <= 1e-12 * ref
 
 
+@pytest.mark.parametrize("small_rows", [0, 8], ids=["torch", "cpu-rows-numpy"])
+def test_kseq_rho_dense_laws_match_reference(monkeypatch, small_rows):
+    """Full-support laws at V = 49152 (thousands of ratios inside (1, m): the histogram
+    passes run), and clustered ones (half the ratios equal: the bins cannot split them),
+    batched with different m: the torch twin (``SMALL_ROWS = 0``) and the row path give the
+    root of the reference sorting every ratio, to 1e-12."""
+    from coupling.torch_backend import kseq_rho, multi
+
+    rows = []
+    for seed in range(3):
+        rng = np.random.default_rng(40 + seed)
+        z = rng.normal(scale=3.0, size=49152)
+        p = np.exp(z - z.max())
+        w = (np.exp(rng.normal(size=p.size)) if seed < 2
+             else np.where(np.arange(p.size) % 2, 1.5, 1.0))
+        rows.append((p / p.sum(), p * w / (p * w).sum()))
+    P = torch.tensor(np.stack([r[0] for r in rows] * 2))
+    Q = torch.tensor(np.stack([r[1] for r in rows] * 2))
+    ms = torch.tensor([2, 4, 8, 8, 2, 4])
+    monkeypatch.setattr(multi, "SMALL_ROWS", small_rows)
+    got = kseq_rho(P, Q, ms)
+    monkeypatch.setattr(ref_kseq, "SORT_AT_MOST", P.shape[1])  # the reference sorts all
+    for i in range(P.shape[0]):
+        p, q = P[i].numpy(), Q[i].numpy()
+        want = ref_kseq._optimal_rho(p, q, int(ms[i]))
+        assert abs(float(got[i]) - want) <= 1e-12 * want, (i, float(got[i]), want)
+        assert ref_kseq._h(p, q, int(ms[i]), float(got[i])) >= 0.0
+
+
 def test_kseq_rho_flat_margin_exact_root(monkeypatch):
     """Where h = rho - c(beta) rounds to 0 over a whole interval (beta near 1, m = 16),
     the root is still found to a few ulps: dyadic laws (exact sums) whose smallest root
@@ -618,8 +647,25 @@ def test_gumbel_precomputed_noise_gives_the_same_verdict():
     b = gumbel(X, P, Q, seeds=seeds, positions=pos, noise=noise)
     assert torch.equal(a.tokens, b.tokens)
     assert a.accepted.sum() > 0  # shared-noise drafts are accepted sometimes
+    # the drafter's positions only: the bonus position is hashed in the call, where reached
+    # (a drafter with the target's laws drafts the target's tokens: every row reaches it)
+    Q2 = P[:, :, :g].clone()
+    X2 = gumbel_draft(Q2, seeds.view(B, 1, 1), t)
+    for x, q in ((X, Q), (X2, Q2)):
+        want = gumbel(x, P, q, seeds=seeds, positions=pos)
+        c = gumbel(x, P, q, seeds=seeds, positions=pos, noise=noise[:, :-1])
+        assert torch.equal(want.tokens, c.tokens)
+        for row in range(B):  # one row: the single-row path reads views of the noise
+            one = slice(row, row + 1)
+            d = gumbel(x[one], P[one], q[one], seeds=seeds[one], positions=pos[one],
+                       noise=noise[one, :-1])
+            assert torch.equal(d.tokens, want.tokens[one])
+    assert bool((want.accepted == g).all())
+    # noise of the wrong positions changes the stream (the check can fail)
+    e = gumbel(X, P, Q, seeds=seeds, positions=pos, noise=noise.roll(1, dims=1))
+    assert not torch.equal(a.tokens, e.tokens)
     with pytest.raises(ValueError, match="noise must be"):
-        gumbel(X, P, Q, seeds=seeds, positions=pos, noise=noise[:, :-1])
+        gumbel(X, P, Q, seeds=seeds, positions=pos, noise=noise[:, :-2])
 
 
 # ----------------------------------------------------------------- property: coin for coin
@@ -678,3 +724,72 @@ def test_property_coin_for_coin_with_numpy(inst):
     assert int(y_rrs) == ref_rrs.verify(p0, q0, x[:, 0], coins[0], su[0])
     y_kseq = kseq(X, Pt, Qt, seeds=0, positions=0, accept_u=au, sample_u=su_c).tokens[0, 0]
     assert int(y_kseq) == ref_kseq.verify(p0, q0, x[:, 0], coins[0], su[0])
+
+
+# --------------------------------------------------- one request on a CPU: the numpy walk
+def _random_trees(rng, n: int, replacement: bool, sizes=(3, 8, 40)):
+    """``n`` single-request trees (k <= 4, gamma <= 4, V in ``sizes``), peaked laws so that
+    branches often share prefixes (the walk then continues with several survivors)."""
+    for _ in range(n):
+        k, g, V = int(rng.integers(1, 5)), int(rng.integers(1, 5)), int(rng.choice(sizes))
+        a = float(rng.choice([0.05, 0.3, 2.0]))
+        P = rng.dirichlet(np.full(V, a), size=g + 1)
+        Q = 0.5 * P[:g] + 0.5 * rng.dirichlet(np.full(V, a), size=g) if rng.random() < 0.5 \
+            else rng.dirichlet(np.full(V, a), size=g)
+        if not replacement:  # successive sampling needs k tokens of positive draft mass
+            Q[0] = 0.9 * Q[0] + 0.1 / V
+            k = min(k, V)
+        X = np.stack([[rng.choice(V, p=Q[i]) for i in range(g)] for _ in range(k)])
+        if not replacement:
+            X[:, 0] = rng.choice(V, size=k, replace=False, p=Q[0])
+        Pt = torch.tensor(P)[None, None].expand(1, k, g + 1, V)
+        Qt = torch.tensor(Q)[None, None].expand(1, k, g, V)
+        yield torch.tensor(X)[None], Pt, Qt
+
+
+@pytest.mark.parametrize("rule,replacement", [("rrs", True), ("rrs", False), ("kseq", True),
+                                              ("optimal", True), ("optimal", False)])
+def test_one_row_numpy_walk_equals_torch_walk(monkeypatch, rule, replacement):
+    """A single request on a CPU is walked by the numpy reference (``coupling.rules.tree``
+    over the rules' own ``verify``); the batched torch walk (``ONE_ROW_IN_NUMPY = False``)
+    gives the same verdict on 200 whole trees, and a batch's rows equal their one-row calls.
+    Negative control: kseq's numpy step with rho pinned to 1 disagrees on some tree."""
+    from coupling.torch_backend import multi
+
+    fn = {"rrs": rrs, "kseq": kseq, "optimal": optimal}[rule]
+
+    def call(X, P, Q, seed):
+        return fn(X, P, Q, seeds=seed, positions=3 * seed, replacement=replacement)
+
+    rng = np.random.default_rng(60)
+    # optimal's exact LP plan enumerates V^k tuples: small vocabularies only
+    trees = list(_random_trees(rng, 200, replacement, (3, 8) if rule == "optimal" else (3, 8, 40)))
+    deep = 0
+    for seed, (X, P, Q) in enumerate(trees):
+        a = call(X, P, Q, seed)
+        monkeypatch.setattr(multi, "ONE_ROW_IN_NUMPY", False)
+        b = call(X, P, Q, seed)
+        monkeypatch.setattr(multi, "ONE_ROW_IN_NUMPY", True)
+        assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True)), (seed, a, b)
+        deep += int(a.accepted[0]) >= 2
+    assert deep >= 20  # the walks went past the first offsets
+    # rows of a batch (the torch walk) against their one-row calls (the numpy walk)
+    same_shape = [t for t in trees if t[1].shape == trees[0][1].shape][:6]
+    X, P, Q = (torch.cat([t[i] for t in same_shape]) for i in range(3))
+    seeds = torch.arange(len(same_shape))
+    batch = fn(X, P, Q, seeds=seeds, positions=3 * seeds, replacement=replacement)
+    for r in range(len(same_shape)):
+        one = call(X[r:r + 1], P[r:r + 1], Q[r:r + 1], r)
+        assert torch.equal(one.tokens[0], batch.tokens[r])
+    if rule == "kseq":
+        from coupling.rules import kseq as ref
+
+        verify_at = ref.verify
+        monkeypatch.setattr(ref, "verify", lambda p, q, x, c, u: verify_at(p, q, x, c, u, rho=1.0))
+        differ = 0
+        for seed, (X, P, Q) in enumerate(trees):
+            a = call(X, P, Q, seed)
+            monkeypatch.setattr(multi, "ONE_ROW_IN_NUMPY", False)
+            differ += not torch.equal(a.tokens, call(X, P, Q, seed).tokens)
+            monkeypatch.setattr(multi, "ONE_ROW_IN_NUMPY", True)
+        assert differ > 0

@@ -222,10 +222,21 @@ def segment_root(lo, hi, below, above, defect, m, kmax: int, ops: Ops = NP_OPS,
     return x
 
 
+def h_tolerance(kmax: int) -> float:
+    r"""A bound on the rounding error of :math:`h = \rho - c(\beta)` with :math:`\beta` one
+    pairwise sum (a few ulps) and :math:`|c'| \le m^2`: beyond it, the sign of ``h`` is
+    certain."""
+    return 64.0 * (kmax + 1) ** 2 * float(np.finfo(np.float64).eps)
+
+
 def _optimal_rho(p: np.ndarray, q: np.ndarray, k: int) -> float:
-    if k == 1 or _beta(p, q, 1.0) <= 0.0:
-        return 1.0  # k = 1 is token; disjoint supports accept nothing for any rho
-    if _direct_margin(p, q, k, 1.0) >= 0.0:
+    if k == 1:
+        return 1.0  # token
+    beta1 = _beta(p, q, 1.0)
+    if beta1 <= 0.0:
+        return 1.0  # disjoint supports accept nothing for any rho
+    h1 = 1.0 - float(_c(beta1, k))  # h(1), its sign certain beyond the tolerance
+    if (h1 if abs(h1) > h_tolerance(k) else _direct_margin(p, q, k, 1.0)) >= 0.0:
         return 1.0
     lo, hi, below, above, defect = _root_segment(p, q, k)
     rho = float(segment_root(lo, hi, below, above, defect, k, k, PY_OPS))
@@ -244,8 +255,65 @@ def _direct_margin(p: np.ndarray, q: np.ndarray, k: int, rho: float) -> float:
     below rho contribute ``q - p/rho >= 0``, those above ``p - rho q >= 0``)."""
     w = q - p / rho
     d = (1.0 - float(q.sum())) + float(np.maximum(w, 0.0).sum())
-    e = (1.0 - float(p.sum())) + rho * float(np.maximum(-w, 0.0).sum())
+    e = (1.0 - float(p.sum())) - rho * float(np.minimum(w, 0.0).sum())
     return float(margin(rho, d, e, k, k, PY_OPS)[0])
+
+
+#: Ratios ``p/q`` inside the bracket that :func:`_root_segment` sorts at most; above, a
+#: histogram over ``BINS`` equal bins of the bracket narrows it first (:func:`_bin_pass`),
+#: up to ``BIN_PASSES`` times. Where every token has mass, thousands of ratios fall in
+#: ``(1, k)`` and sorting them all costs more than the rest of a verification step.
+SORT_AT_MOST = 64
+BINS = 2048
+BIN_PASSES = 2
+
+
+def bin_tolerance(V: int, kmax: int) -> float:
+    r"""A bound on the rounding error of :math:`h = \rho - c(\beta)` at a bin edge
+    (:func:`_bin_pass`): bin sums accumulate up to ``V`` terms in any order and their prefix
+    sums ``BINS`` more, so :math:`\beta` is off by at most ``2 (V + BINS + 64)`` ulps (a
+    ratio within ulps of an edge may land in the next bin: ``q`` times a few ulps), and
+    :math:`|c'(\beta)| \le m^2`. Beyond it the sign of ``h`` is certain; edges within it
+    stay inside the bracket."""
+    return 2.0 * (V + BINS + 64) * (kmax + 1) ** 2 * float(np.finfo(np.float64).eps)
+
+
+def _bin_pass(ratio: np.ndarray, p: np.ndarray, q: np.ndarray, lo: float, hi: float, k: int,
+              tol: float):
+    r"""Narrow the bracket ``[lo, hi]`` (margin ``< 0`` at ``lo``, ``>= 0`` at ``hi``) to a
+    run of ``BINS`` equal bins over it, from one histogram of the ratios.
+
+    Bin ``j`` (``1..BINS``) holds the ratios in ``[e_{j-1}, e_j)``, ``e_j = lo + j (hi -
+    lo) / BINS``; bin 0 those below ``lo`` and bin ``BINS + 1`` those at or above ``hi``.
+    Sums of ``p`` and ``q`` per bin and their prefix sums give
+    :math:`\beta(e_j) = Q_{\ge e_j} + P_{< e_j} / e_j`, hence ``h`` at every edge at once
+    (a ratio exactly at an edge counts on either side: there ``q = p / e_j``). The new
+    ``hi`` is the first edge where ``h > tol`` (certainly valid), the new ``lo`` the last
+    edge before it where ``h < -tol``: the smallest root lies between them, whatever the
+    edges in between hold. Returns ``(lo, hi, bins, jlo, jhi, below, above)``: the ratios'
+    bins, the bracket's first and last bins, and the masses ``(P, Q)`` below it (bins
+    ``<= jlo``) and above it (bins ``> jhi``).
+    """
+    width = (hi - lo) / BINS
+    x = ratio * (1.0 / width) + (1.0 - lo / width)  # 1 + (ratio - lo) / width
+    bins = np.minimum(np.maximum(x, 0.0, out=x), BINS + 1, out=x).astype(np.intp)  # floor
+    below, above = [], []
+    for mass in (p, q):
+        per_bin = np.bincount(bins, weights=mass, minlength=BINS + 2)
+        below.append(np.cumsum(per_bin)[: BINS + 1])            # bins 0..j: ratio < e_j
+        above.append(np.cumsum(per_bin[::-1])[::-1][1:])        # bins j+1..: ratio >= e_j
+    e = lo + np.arange(BINS + 1) * width
+    e[-1] = hi
+    h = e - _c(above[1] + below[0] / e, k)
+    valid = h > tol
+    valid[0], valid[-1] = False, True  # lo is invalid and hi valid by the invariant
+    jhi = int(np.argmax(valid))
+    invalid = h[:jhi] < -tol
+    invalid[0] = True
+    jlo = int(np.flatnonzero(invalid)[-1])
+    return (float(e[jlo]), float(e[jhi]), bins, jlo, jhi,
+            (float(below[0][jlo]), float(below[1][jlo])),
+            (float(above[0][jhi]), float(above[1][jhi])))
 
 
 def _root_segment(p: np.ndarray, q: np.ndarray, k: int):
@@ -253,27 +321,48 @@ def _root_segment(p: np.ndarray, q: np.ndarray, k: int):
     ``p/q`` (or 1, k) where the margin turns non-negative, with the masses below / above it
     (:func:`segment_margin`), all Python floats. Tokens with ratio <= 1 lie below every
     rho in [1, k] and those with ratio >= k above: only the ratios inside (1, k) are
-    sorted, then cumulative sums give the margin at every breakpoint in one vectorised
-    call."""
+    sorted (after :func:`_bin_pass` narrowed the bracket, where more than
+    ``SORT_AT_MOST`` lie there), then cumulative sums give the margin at every breakpoint
+    in one vectorised call."""
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(q > 0, p / np.where(q > 0, q, 1.0), np.inf)  # q = 0: never in beta
-    low, high = ratio <= 1.0, ratio >= k
-    inside = ~(low | high)
-    order = np.argsort(ratio[inside], kind="stable")
-    t, ps, qs = ratio[inside][order], p[inside][order], q[inside][order]
-    base_lt = (float(p[low].sum()), float(q[low].sum()))    # below every breakpoint
-    base_ge = (float(p[high].sum()), float(q[high].sum()))  # above every breakpoint
+    lo, hi = 1.0, float(k)
+    inside = (ratio > lo) & (ratio < hi)
+    if np.count_nonzero(inside) <= SORT_AT_MOST:
+        # masses below every breakpoint (ratio <= 1) and above (ratio >= k): one pass each
+        # (a BLAS dot with a 0/1 mask waits on threads on a busy CPU: 8 ms for 49152 tokens)
+        side = (ratio > lo).astype(np.intp) + (ratio >= hi)  # 0 below, 1 inside, 2 above
+        (p_lt, _, p_ge), (q_lt, _, q_ge) = (np.bincount(side, weights=x, minlength=3)
+                                            for x in (p, q))
+        base_lt, base_ge = (float(p_lt), float(q_lt)), (float(p_ge), float(q_ge))
+    else:
+        tol = bin_tolerance(p.size, k)
+        for _ in range(BIN_PASSES):
+            lo, hi, bins, jlo, jhi, base_lt, base_ge = _bin_pass(ratio, p, q, lo, hi, k, tol)
+            inside = (bins > jlo) & (bins <= jhi)
+            if np.count_nonzero(inside) <= SORT_AT_MOST:
+                break
+    sel = np.flatnonzero(inside)
+    order = sel[np.argsort(ratio[sel], kind="stable")]
+    t, ps, qs = ratio[order], p[order], q[order]
+    return _sorted_segment(t, ps, qs, base_lt, base_ge, (1.0 - float(p.sum()),
+                                                         1.0 - float(q.sum())), k, lo, hi)
+
+
+def _sorted_segment(t, ps, qs, base_lt, base_ge, defect, k: int, lo: float, hi: float):
+    """The tail of :func:`_root_segment`: the breakpoints ``t`` of the bracket ``[lo, hi]``
+    in order, their masses, and the masses below / above them. A ratio binned across an
+    edge by rounding may sit just outside the bracket: it still counts where it sorts."""
     p_lt, q_lt = (b + np.concatenate([[0.0], np.cumsum(x)]) for b, x in zip(base_lt, (ps, qs),
                                                                               strict=True))
     p_ge, q_ge = (b + np.concatenate([np.cumsum(x[::-1])[::-1], [0.0]])
                   for b, x in zip(base_ge, (ps, qs), strict=True))
-    defect = (1.0 - float(p.sum()), 1.0 - float(q.sum()))
     n = t.size  # at t_j: the inside tokens before j lie below, those from j on above
     f, _ = segment_margin(t, (p_lt[:n], q_lt[:n]), (p_ge[:n], q_ge[:n]), defect, k, k, NP_OPS)
     valid = np.flatnonzero(f >= 0.0)
-    hi = float(t[valid[0]]) if valid.size else float(k)  # the margin is >= 0 at k
+    hi = min(float(t[valid[0]]), hi) if valid.size else hi  # the margin is >= 0 at hi
     s_hi = int(np.searchsorted(t, hi, side="left"))
-    lo = float(t[s_hi - 1]) if s_hi > 0 else 1.0
+    lo = max(float(t[s_hi - 1]), lo) if s_hi > 0 else lo
     s = int(np.searchsorted(t, lo, side="right"))  # inside tokens at or below lo
     return (lo, hi, (float(p_lt[s]), float(q_lt[s])), (float(p_ge[s]), float(q_ge[s])),
             defect)
@@ -299,16 +388,24 @@ RESIDUAL_ULPS = 64
 
 def _residual(p: np.ndarray, q: np.ndarray, k: int) -> tuple[np.ndarray, float, np.ndarray]:
     rho, a, beta = _params(p, q, k)
+    return _residual_at(p, q, k, rho, beta), rho, a
+
+
+def _residual_at(p: np.ndarray, q: np.ndarray, k: int, rho: float,
+                 beta: float | None = None) -> np.ndarray:
+    """The residual law at a given ``rho`` (``p`` itself where ``beta = 0``)."""
+    low = np.minimum(q, p / rho)
+    beta = float(low.sum()) if beta is None else beta
     if beta <= 0.0:
-        return p.copy(), rho, a
+        return p.copy()
     c = float(_c(beta, k))
     # where the residual is exactly 0 in exact arithmetic, rounding leaves +-1e-17 (and the
     # torch twin may round the other way): entries within 64 ulps of p(x) count as 0, which
     # moves the law by at most 1.5e-14 in TV and makes both backends agree on the support
-    d = p - c * np.minimum(q, p / rho)
+    d = p - c * low
     d = np.where(d > RESIDUAL_ULPS * np.finfo(np.float64).eps * p, d, 0.0)
     z = float(d.sum())
-    return (d / z if z > 0 else p.copy()), rho, a
+    return d / z if z > 0 else p.copy()
 
 
 def acceptance(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True) -> float:
@@ -346,15 +443,28 @@ def verify(
     rho: float | None = None,
     res: np.ndarray | None = None,
 ) -> int:
-    """Deterministic core (inputs assumed validated); ``rho``/``res`` may be precomputed."""
+    """Deterministic core (inputs assumed validated); ``rho``/``res`` may be precomputed.
+
+    ``rho`` is only needed through the tests ``u rho q(x) < p(x)`` and the residual: a draft
+    with ``u q(x) >= p(x)`` fails and one with ``u k q(x) < p(x)`` passes for every ``rho``
+    in ``[1, k]`` (rounding is monotone), so where the first draft that does not surely
+    fail surely passes, it is the output without computing ``rho`` (the same bit for bit).
+    """
     k = drafts.size
-    if rho is None or res is None:
-        res, rho, _ = _residual(p, q, k)
+    if rho is None:
+        for i in range(k):
+            x = int(drafts[i])
+            if u_accept[i] * q[x] >= p[x]:
+                continue
+            if u_accept[i] * k * q[x] < p[x]:
+                return x
+            break
+        rho = _optimal_rho(p, q, k)
     for i in range(k):
         x = int(drafts[i])
         if u_accept[i] * rho * q[x] < p[x]:
             return x
-    return categorical(res, u_resid)
+    return categorical(_residual_at(p, q, k, rho) if res is None else res, u_resid)
 
 
 def sample(

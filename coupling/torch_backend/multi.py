@@ -44,9 +44,12 @@ are rejected, draw from ``r``.
 :math:`(p - c \min(q, p/\rho))_+` with :math:`c = (1 - (1-\beta)^m)/\beta`, summed as the
 geometric series :math:`\sum_{i<m} (1-\beta)^i` (no cancellation for tiny :math:`\beta`).
 ``rho*`` is the root of :func:`coupling.rules.kseq.optimal_rho` (:func:`kseq_rho`: on a
-CPU a few rows take the numpy reference row by row; otherwise Illinois narrows the bracket
-while many breakpoints ``p/q`` lie inside it, a ``topk`` orders the rest, and the shared
-:func:`coupling.rules.kseq.segment_root` solves the last segment on ``[B]``-sized tensors).
+CPU a few rows take the numpy reference row by row; otherwise the same algorithm on
+tensors: where many breakpoints ``p/q`` lie in ``(1, m)``, a histogram of them narrows the
+bracket to a few bins, a ``topk`` orders the breakpoints left in it, and the shared
+:func:`coupling.rules.kseq.segment_root` solves the last segment). A step needs ``rho``
+only when some test ``u rho q(x) < p(x)`` could go either way for ``rho`` in ``[1, m]``,
+or for the residual; otherwise it is not computed (the outcome is the same bit for bit).
 
 ``optimal`` (LP-optimal acceptance): with one survivor it is ``token`` (optimal for k = 1,
 vectorised). With ``m >= 2`` survivors it samples the row of the draft tuple in an exact
@@ -64,6 +67,12 @@ drafts (drafter invariance), only on ``p`` along the emitted prefix and the nois
 lossless because each ``y_i`` is an exact sample of ``p_i`` and ``G(seed, t + i)`` is
 independent of everything that decided the prefix. Any ``k`` is supported.
 
+One request on a CPU (the engine's calls) is walked by the numpy reference,
+:func:`coupling.rules.tree.walk` over the rules' own ``verify`` functions, with the same keyed
+uniforms (``ONE_ROW_IN_NUMPY``): a scalar step costs about a microsecond there against 5-15
+for a tensor operation. The two walks decide alike (``tests/test_torch_backend_multi.py``
+holds them equal on whole trees); batches and CUDA take :func:`walk_tree`.
+
 Randomness: coin of branch ``j`` at offset ``i``: ``U(seed, t, STREAM_ACCEPT, i*MAX_DRAFTS + j)``;
 residual / bonus / LP-row draw at offset ``i``: ``U(seed, t, STREAM_SAMPLE, i)``; Gumbel noise
 ``G(seed, t + i, v)`` (stream ``STREAM_GUMBEL``), keyed by the token's absolute position.
@@ -76,6 +85,7 @@ from collections.abc import Callable
 import torch
 
 from ..rules import kseq as ref_kseq
+from ..rules import tree as ref_tree
 from ..rules.kseq import RESIDUAL_ULPS as _KSEQ_RESIDUAL_ULPS
 from ._common import Verdict, assemble, check_inputs, coin_uniforms, sample_rows, sample_uniforms
 from .rng import gumbel_noise
@@ -102,6 +112,15 @@ StepFn = Callable[
 def _first_true(mask: torch.Tensor) -> torch.Tensor:
     """Index of the first True along the last axis (0 if none). ``[B, k] -> [B]``."""
     return mask.to(torch.uint8).argmax(-1)
+
+
+def _laws_at(act: torch.Tensor, ref: torch.Tensor, i: int, *laws: torch.Tensor):
+    """``law[act, ref, i]`` ``[A, V]`` for each law: views for one row (most steps only read
+    a few entries; a gather would copy a V-vector per law and position), else copies."""
+    if act.numel() == 1:
+        b, j = int(act), int(ref)
+        return tuple(law[b, j, i].unsqueeze(0) for law in laws)
+    return tuple(law[act, ref, i] for law in laws)
 
 
 def walk_tree(
@@ -135,7 +154,7 @@ def walk_tree(
         al = alive[act]  # [A, k]
         ref = _first_true(al)  # [A] lowest surviving branch: its laws are the prefix's laws
         x = drafts[act, :, i]  # [A, k]
-        y = step(p[act, ref, i], q[act, ref, i], x, al, coins[act, i], u_sample[act, i], i, act)
+        y = step(*_laws_at(act, ref, i, p, q), x, al, coins[act, i], u_sample[act, i], i, act)
         hit = al & (x == y.unsqueeze(1))  # [A, k] survivors that drafted y
         go = hit.any(-1)
         stop = act[~go]
@@ -147,7 +166,7 @@ def walk_tree(
     act = torch.nonzero(~done).squeeze(1)
     if act.numel():
         ref = _first_true(alive[act])
-        p_end = p[act, ref, g]  # [A, V]
+        (p_end,) = _laws_at(act, ref, g, p)  # [A, V]
         u_end = u_sample[act, g]
         nxt[act] = bonus(p_end, u_end, act) if bonus is not None else sample_rows(p_end, u_end)
         branch[act] = ref
@@ -158,19 +177,25 @@ def walk_tree(
 def _rrs_step(replacement: bool) -> StepFn:
     def step(p_i, q_i, x, alive, coins, u, i, act):
         B, k = x.shape
-        r = p_i.to(torch.float64)  # [B, V] current target
-        qc = q_i.to(torch.float64)  # [B, V] current draft law
+        # r (current target) and qc (current draft law) are p and q until the first rejection:
+        # their float64 copies [B, V] are made then (a step that accepts at once reads p and
+        # q at the draft only)
+        r = qc = None
         decided = torch.zeros(B, dtype=torch.bool, device=x.device)
         y = torch.zeros(B, dtype=torch.int64, device=x.device)
         for j in range(k):  # sequential by definition: each rejection changes the target
             xj = x[:, j : j + 1]  # [B, 1]
+            rx, qx = ((p_i, q_i) if r is None else (r, qc))
+            rx, qx = (v.gather(1, xj).squeeze(1).to(torch.float64) for v in (rx, qx))
             test = alive[:, j] & ~decided
-            acc = test & (coins[:, j] * qc.gather(1, xj).squeeze(1) < r.gather(1, xj).squeeze(1))
+            acc = test & (coins[:, j] * qx < rx)
             y = torch.where(acc, xj.squeeze(1), y)
             decided = decided | acc
             rej = (test & ~acc).unsqueeze(1)
             if not bool(rej.any()):  # nothing rejected: r and q_j stay as they are
                 continue
+            if r is None:
+                r, qc = p_i.to(torch.float64), q_i.to(torch.float64)
             d = (r - qc).clamp_(min=0.0)
             z = d.sum(-1, keepdim=True)
             # z == 0: this step accepts with probability 1, the residual is never used
@@ -181,7 +206,7 @@ def _rrs_step(replacement: bool) -> StepFn:
                 qc = torch.where(rej & (zq > 0), qn / torch.where(zq > 0, zq, 1.0), qc)
         if bool(decided.all()):
             return y
-        return torch.where(decided, y, sample_rows(r, u))
+        return torch.where(decided, y, sample_rows(p_i if r is None else r, u))
 
     return step
 
@@ -199,17 +224,12 @@ def _geometric_c(beta: torch.Tensor, mf: torch.Tensor, kmax: int) -> torch.Tenso
     return c
 
 
-#: On a CPU, batches of at most ``SMALL_ROWS`` rows of at most ``SMALL_V`` tokens take the
-#: numpy reference's root row by row (:func:`coupling.rules.kseq._optimal_rho`): at the
-#: engine's B = 1 and a few hundred support tokens, torch's per-operation overhead makes the
-#: torch path 3-6x slower (``benchmarks/bench_kseq_rho.py``: 0.3-0.6 against 0.9-2.4 ms).
-#: Over a large vocabulary where every token has mass, the reference sorts thousands of
-#: breakpoints (7-10 ms at V = 49152, against 3-4 ms here). ``SMALL_ROWS = 0`` forces the
+#: On a CPU, batches of at most ``SMALL_ROWS`` rows take the numpy reference's root row by
+#: row (:func:`coupling.rules.kseq._optimal_rho`): its scalar steps cost about 1 us in Python
+#: floats and numpy against 5-15 us per torch operation, which at the engine's B = 1 made the
+#: torch path 3-6x slower (``benchmarks/bench_kseq_rho.py``). ``SMALL_ROWS = 0`` forces the
 #: torch path (the conformance tests run both).
 SMALL_ROWS = 8
-SMALL_V = 4096
-#: Breakpoints the torch root orders at most (a ``topk``); above, Illinois steps first.
-SORT_AT_MOST = 64
 _TORCH_OPS = ref_kseq.Ops(torch.where, torch.log)
 
 
@@ -219,23 +239,44 @@ def _direct_margin(p, q, dp, dq, mf, kmax: int, rho: torch.Tensor) -> torch.Tens
     ``D = dq + sum w_+`` and ``E = dp + rho sum (-w)_+``, sums of non-negative terms."""
     w = q - p / rho.unsqueeze(1)
     d = dq + w.clamp(min=0.0).sum(-1)
-    e = dp + rho * (-w).clamp(min=0.0).sum(-1)
+    e = dp - rho * w.clamp(max=0.0).sum(-1)
     return ref_kseq.margin(rho, d, e, mf, kmax, _TORCH_OPS)[0]
 
 
-def _cheap_h(p, q, mf, kmax: int, rho: torch.Tensor) -> torch.Tensor:
-    """``h = rho - c(beta)``, :math:`\\beta = \\sum \\min(q, p/\\rho)`: three passes over ``V``,
-    with a rounding error below :func:`_h_tolerance`."""
-    return rho - _geometric_c(torch.minimum(q, p / rho.unsqueeze(1)).sum(-1), mf, kmax)
+def _bin_pass(R, P, Q, lo, hi, mf, kmax: int, tol: float):
+    """:func:`coupling.rules.kseq._bin_pass` on ``[A]`` rows at once (``R = p/q [A, V]``,
+    ``inf`` where ``q = 0 < p``, NaN where ``p = q = 0``), with ``scatter_add`` for the bin
+    sums. Returns ``lo, hi [A]``, the bins ``[A, V]``, ``jlo, jhi [A, 1]`` and the masses
+    below / above the bracket (``[A, 1]`` each). On CUDA ``scatter_add`` sums in no fixed
+    order: the bin sums, hence ``rho``, may differ by rounding from run to run there (the
+    guard of :func:`kseq_rho` keeps every ``rho`` valid)."""
+    BINS = ref_kseq.BINS
+    A = R.shape[0]
+    width = (hi - lo) / BINS
+    # 1 + (R - lo) / width in one pass; NaN (p = q = 0, no mass) to bin 0
+    s = torch.addcmul((1.0 - lo / width)[:, None], R, (1.0 / width)[:, None])
+    idx = s.nan_to_num_(nan=0.0).floor_().clamp_(0, BINS + 1).to(torch.int64)  # [A, V]
+    sums = []
+    for x in (P, Q):
+        per_bin = torch.zeros(A, BINS + 2, dtype=x.dtype, device=x.device).scatter_add_(1, idx, x)
+        below = per_bin.cumsum(-1)[:, : BINS + 1]                  # bins 0..j: R < e_j
+        above = per_bin.flip(-1).cumsum(-1).flip(-1)[:, 1:]        # bins j+1..: R >= e_j
+        sums.append((below, above))
+    (p_lt, p_ge), (q_lt, q_ge) = sums
+    j = torch.arange(BINS + 1, device=R.device)
+    e = torch.where(j == BINS, hi[:, None], lo[:, None] + j * width[:, None])  # [A, BINS+1]
+    h = e - _geometric_c(q_ge + p_lt / e, mf[:, None], kmax)
+    valid = ((h > tol) & (j > 0)) | (j == BINS)  # lo is invalid and hi valid by the invariant
+    jhi = _first_true(valid)
+    invalid = ((h < -tol) | (j == 0)) & (j < jhi[:, None])
+    jlo = torch.where(invalid, j, 0).amax(-1)
+    lo_j, hi_j = jlo[:, None], jhi[:, None]
+    return (e.gather(1, lo_j).squeeze(1), e.gather(1, hi_j).squeeze(1), idx, lo_j, hi_j,
+            (p_lt.gather(1, lo_j), q_lt.gather(1, lo_j)),
+            (p_ge.gather(1, hi_j), q_ge.gather(1, hi_j)))
 
 
-def _h_tolerance(kmax: int) -> float:
-    """A bound on the rounding error of :func:`_cheap_h` (``beta`` to a few ulps times
-    ``c' <= m^2``): beyond it, the sign of ``h`` is certain."""
-    return 64.0 * (kmax + 1) ** 2 * torch.finfo(torch.float64).eps
-
-
-def kseq_rho(p: torch.Tensor, q: torch.Tensor, m: torch.Tensor, iters: int = 100) -> torch.Tensor:
+def kseq_rho(p: torch.Tensor, q: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     r"""Smallest :math:`\rho \in [1, m]` whose K-SEQ residual is a distribution, per row.
 
     ``p, q`` float64 ``[B, V]``, ``m`` int ``[B]`` (number of drafts). Returns float64 ``[B]``.
@@ -245,27 +286,27 @@ def kseq_rho(p: torch.Tensor, q: torch.Tensor, m: torch.Tensor, iters: int = 100
     (:func:`coupling.rules.kseq.margin`, the sign of :math:`h(\rho) = \rho - c(\beta(\rho))`).
     The reference sorts every breakpoint ``p/q`` in ``(1, m)``; here:
 
-    1. while more than ``SORT_AT_MOST`` breakpoints lie inside the bracket ``[lo, hi]``
-       (thousands where every token has mass), the Illinois variant of regula falsi
-       narrows it, three passes over ``V`` per step (:func:`_cheap_h`), as long as the
-       sign of ``h`` is certain (:func:`_h_tolerance`);
+    1. where more than ``SORT_AT_MOST`` ratios lie inside ``(1, m)`` (thousands where every
+       token has mass), a histogram of them over ``BINS`` equal bins gives ``h`` at every
+       bin edge (:func:`_bin_pass`, about ten passes over ``V``, no sort), and the bracket
+       shrinks to the bins where its sign is not certain; if more than ``SORT_AT_MOST``
+       ratios remain there, a second pass bins the bracket itself (the reference's
+       algorithm, :func:`coupling.rules.kseq._root_segment`);
     2. the few breakpoints left are ordered (a ``topk``), and cumulative sums over them,
-       on top of the masses below ``lo`` and above ``hi``, give the margin at each, hence
+       on top of the masses below and above the bracket, give the margin at each, hence
        the segment free of breakpoints where it turns non-negative, as in the reference;
     3. on it :func:`coupling.rules.kseq.segment_root`, shared with the reference, solves
-       the smooth margin on ``[B]``-sized tensors (closed form for ``m = 2``, safeguarded
-       Newton otherwise);
+       the smooth margin (closed form for ``m = 2``, safeguarded Newton otherwise) on
+       ``[B]``-sized tensors;
     4. ``rho`` steps up by 1, 2, 4, ... ulps until the direct margin is ``>= 0``
        (``rho = m`` always is valid).
 
-    ``iters`` bounds the Illinois steps (stage 2 is exact whatever bracket they leave). On
-    a CPU, ``B <= SMALL_ROWS`` rows of at most ``SMALL_V`` tokens take the reference's
-    numpy root row by row.
+    On a CPU, ``B <= SMALL_ROWS`` rows take the reference's numpy root row by row.
     """
     B, V = p.shape
-    if p.device.type == "cpu" and B <= SMALL_ROWS and V <= SMALL_V:
+    if p.device.type == "cpu" and B <= SMALL_ROWS:
         P, Q = p.detach().numpy(), q.detach().numpy()
-        return torch.tensor([ref_kseq._optimal_rho(P[b], Q[b], int(mb))
+        return torch.tensor([ref_kseq._optimal_rho(P[b], Q[b], mb) if mb > 1 else 1.0
                              for b, mb in enumerate(m.tolist())], dtype=torch.float64)
     rho = torch.ones(B, dtype=torch.float64, device=p.device)
     b1 = torch.minimum(p, q).sum(-1)  # beta(1)
@@ -275,8 +316,8 @@ def kseq_rho(p: torch.Tensor, q: torch.Tensor, m: torch.Tensor, iters: int = 100
     kmax = int(m[need].max())
     mf_all = m.to(torch.float64)
     dp_all, dq_all = 1.0 - p.sum(-1), 1.0 - q.sum(-1)
-    f1 = 1.0 - _geometric_c(b1, mf_all, kmax)  # _cheap_h at 1
-    unsure = f1.abs() <= _h_tolerance(kmax)
+    f1 = 1.0 - _geometric_c(b1, mf_all, kmax)  # h(1)
+    unsure = f1.abs() <= ref_kseq.h_tolerance(kmax)
     if bool((need & unsure).any()):  # a flat margin at 1: the exact sign
         f1 = torch.where(unsure, _direct_margin(p, q, dp_all, dq_all, mf_all, kmax, rho), f1)
     need = need & (f1 < 0)  # rho = 1 invalid
@@ -287,44 +328,25 @@ def kseq_rho(p: torch.Tensor, q: torch.Tensor, m: torch.Tensor, iters: int = 100
     mm = kmax if bool((mf == kmax).all()) else mf  # a Python int: the margin's fast path
     mcol = mm if isinstance(mm, int) else mm.unsqueeze(1)
 
-    def f_of(x: torch.Tensor) -> torch.Tensor:
-        return _direct_margin(P, Q, dp, dq, mm, kmax, x)
-
-    # 1. Illinois on [1, m] while many breakpoints p/q lie inside the bracket, on the cheap
-    # h = rho - c(beta) (three passes over V); a row whose |h| falls to its rounding error
-    # stops there (its sign is no longer certain; stage 2 is exact on whatever it kept)
-    R = P / Q  # q = 0 < p: +inf, above every rho; p = q = 0: NaN, in no comparison (no mass)
-    tol = _h_tolerance(kmax)
+    # 1. bin the ratios p/q until few are left inside the bracket [lo, hi]
+    R = P / Q  # q = 0 < p: +inf, above every rho; p = q = 0: NaN, no mass
     lo, hi = torch.ones_like(mf), mf.clone()
-    flo, fhi = f1[idx], torch.zeros_like(mf)  # h(m) >= 0; 0 is a safe secant end
-    side = torch.zeros_like(mf)
-    active = torch.ones_like(need[idx])
-    inside = None
-    for it in range(iters):
-        if it % 2 == 0:  # the count costs three passes: every second step
-            inside = (R > lo[:, None]) & (R < hi[:, None])
-            if not bool((active & (inside.sum(-1) > SORT_AT_MOST)).any()):
-                break
-        x = hi - fhi * (hi - lo) / torch.where(fhi > flo, fhi - flo, 1.0)
-        x = torch.where((x > lo) & (x < hi), x, 0.5 * (lo + hi))
-        hx = _cheap_h(P, Q, mf, kmax, x)
-        active = active & (hx.abs() > tol)
-        good, bad = active & (hx >= 0), active & (hx < 0)
-        # the end that stayed put twice in a row has its value halved (Illinois step)
-        flo = torch.where(good & (side > 0), 0.5 * flo, flo)
-        fhi = torch.where(bad & (side < 0), 0.5 * fhi, fhi)
-        hi, fhi = torch.where(good, x, hi), torch.where(good, hx, fhi)
-        lo, flo = torch.where(bad, x, lo), torch.where(bad, hx, flo)
-        side = torch.where(good, 1.0, torch.where(bad, -1.0, side))
-        inside = None
-    # 2. the n breakpoints left, in order, on top of the masses below lo and above hi
-    if inside is None:  # the loop ran out: count for the final bracket
-        inside = (R > lo[:, None]) & (R < hi[:, None])
+    inside = (R > 1.0) & (R < mf[:, None])
     n = int(inside.sum(-1).max())
+    if n <= ref_kseq.SORT_AT_MOST:
+        low, high = R <= 1.0, R >= mf[:, None]
+        base_lt = ((P * low).sum(-1, keepdim=True), (Q * low).sum(-1, keepdim=True))
+        base_ge = ((P * high).sum(-1, keepdim=True), (Q * high).sum(-1, keepdim=True))
+    else:
+        tol = ref_kseq.bin_tolerance(V, kmax)
+        for _ in range(ref_kseq.BIN_PASSES):
+            lo, hi, bins, jlo, jhi, base_lt, base_ge = _bin_pass(R, P, Q, lo, hi, mf, kmax, tol)
+            inside = (bins > jlo) & (bins <= jhi)
+            n = int(inside.sum(-1).max())
+            if n <= ref_kseq.SORT_AT_MOST:
+                break
+    # 2. the n breakpoints left, in order, on top of the masses below and above the bracket
     zero = torch.zeros((), dtype=P.dtype, device=P.device)
-    low, high = R <= lo[:, None], R >= hi[:, None]
-    base_lt = ((P * low).sum(-1, keepdim=True), (Q * low).sum(-1, keepdim=True))
-    base_ge = ((P * high).sum(-1, keepdim=True), (Q * high).sum(-1, keepdim=True))
     n = max(n, 1)  # at least one (+inf) column: amin needs it
     t, order = torch.where(inside, R, torch.inf).topk(n, -1, largest=False, sorted=True)
     real = torch.isfinite(t)  # rows with fewer than n breakpoints left are padded with +inf
@@ -348,7 +370,7 @@ def kseq_rho(p: torch.Tensor, q: torch.Tensor, m: torch.Tensor, iters: int = 100
     # 4. the root may sit an ulp below the true root: step up until the margin is >= 0
     # (after the first pass, only over the rows still short)
     step = torch.finfo(torch.float64).eps * x
-    rows = torch.nonzero((x < mf) & (f_of(x) < 0)).squeeze(1)
+    rows = torch.nonzero((x < mf) & (_direct_margin(P, Q, dp, dq, mm, kmax, x) < 0)).squeeze(1)
     while rows.numel():
         x[rows] = torch.minimum(mf[rows], x[rows] + step[rows])
         step[rows] *= 2.0
@@ -359,33 +381,48 @@ def kseq_rho(p: torch.Tensor, q: torch.Tensor, m: torch.Tensor, iters: int = 100
     return rho.index_put((idx,), x)
 
 
+def _rows64(p: torch.Tensor, q: torch.Tensor, rows: torch.Tensor):
+    """``p[rows], q[rows]`` in float64 (one copy each; no gather when ``rows`` is all)."""
+    if rows.numel() != p.shape[0]:
+        p, q = p[rows], q[rows]
+    return p.to(torch.float64), q.to(torch.float64)
+
+
 def _kseq_step(p_i, q_i, x, alive, coins, u, i, act):
     B, k = x.shape
-    p64, q64 = p_i.to(torch.float64), q_i.to(torch.float64)
-    m = alive.sum(-1)
-    rho = kseq_rho(p64, q64, m)  # [B]
-    decided = torch.zeros(B, dtype=torch.bool, device=x.device)
-    y = torch.zeros(B, dtype=torch.int64, device=x.device)
-    for j in range(k):
-        xj = x[:, j : j + 1]
-        acc = (
-            alive[:, j]
-            & ~decided
-            & (coins[:, j] * rho * q64.gather(1, xj).squeeze(1) < p64.gather(1, xj).squeeze(1))
-        )
-        y = torch.where(acc, xj.squeeze(1), y)
-        decided = decided | acc
+    m = alive.sum(-1)  # [B] survivors
+    px = p_i.gather(1, x).to(torch.float64)  # [B, k] p(x_j), q(x_j)
+    qx = q_i.gather(1, x).to(torch.float64)
+    # rho is only needed through the tests u rho q(x) < p(x) and the residual. A draft with
+    # u m q(x) < p(x) passes, and one with u q(x) >= p(x) fails, for every rho in [1, m]
+    # (rounding is monotone): where the first draft not surely failing surely passes, the
+    # outcome is known without rho (any rho in [1, m] reproduces it bit for bit)
+    open_ = alive & (coins * qx < px)  # [B, k] not surely failing
+    sure = alive & (coins * m.unsqueeze(1).to(torch.float64) * qx < px)
+    known = sure.gather(1, _first_true(open_).unsqueeze(1)).squeeze(1) & open_.any(-1)
+    rho = torch.ones(B, dtype=torch.float64, device=x.device)
+    rows = torch.nonzero(~known & (m > 1)).squeeze(1)
+    if rows.numel():
+        rho[rows] = kseq_rho(*_rows64(p_i, q_i, rows), m[rows])
+    # the first surviving draft that passes its test (the tests are independent given rho,
+    # so all k at once; the same coins and arithmetic as the reference's loop)
+    passed = alive & (coins * rho.unsqueeze(1) * qx < px)  # [B, k]
+    decided = passed.any(-1)
+    y = x.gather(1, _first_true(passed).unsqueeze(1)).squeeze(1)
     if bool(decided.all()):
         return y
-    low = torch.minimum(q64, p64 / rho.unsqueeze(1))  # [B, V] min(q, p / rho)
+    rows = torch.nonzero(~decided).squeeze(1)  # every survivor failed: the residual
+    p64, q64 = _rows64(p_i, q_i, rows)  # [R, V]
+    mr = m[rows]
+    low = torch.minimum(q64, p64 / rho[rows].unsqueeze(1))  # [R, V] min(q, p / rho)
     beta = low.sum(-1, keepdim=True)
-    c = _geometric_c(beta, m.clamp(min=1).to(torch.float64).unsqueeze(1), max(int(m.max()), 1))
+    c = _geometric_c(beta, mr.clamp(min=1).to(torch.float64).unsqueeze(1), max(int(mr.max()), 1))
     # exact zeros of the residual come out as +-1e-17: within 64 ulps of p(x) they count as 0,
     # as in coupling.rules.kseq._residual (the two backends then agree on the support)
     r = p64 - c * low
     r = torch.where(r > _KSEQ_RESIDUAL_ULPS * torch.finfo(torch.float64).eps * p64, r, 0.0)
     res = torch.where(beta > 0, r, p64)
-    return torch.where(decided, y, sample_rows(res, u, fallback=p64))
+    return y.index_put((rows,), sample_rows(res, u[rows], fallback=p64))
 
 
 # ----------------------------------------------------------------------------- optimal
@@ -441,6 +478,26 @@ def _gumbel_target(
     return torch.argmax(p_rows.to(torch.float64).log() + G, -1)
 
 
+# ------------------------------------------------------------------------ one row, numpy
+#: On a CPU, a call with one request (the engine's) walks its tree with the numpy reference
+#: (:func:`coupling.rules.tree.walk` over the rules' own ``verify``) instead of
+#: :func:`walk_tree`: the same rules on the same keyed uniforms, at about 1 us per scalar
+#: step against 5-15 us per tensor operation (``benchmarks/bench_decide.py``). ``False``
+#: forces the torch walk (the conformance tests compare the two on whole trees).
+ONE_ROW_IN_NUMPY = True
+
+
+def _walk_one_row(rule: str, replacement: bool, drafts, p, q, coins, u) -> Verdict:
+    """:func:`walk_tree` for ``B = 1`` on a CPU, by :func:`coupling.rules.tree.walk`; only the
+    rows the walk reads are converted to float64."""
+    def laws(t: torch.Tensor):
+        return lambda j, i: t[0, j, i].to(torch.float64).numpy()
+
+    n, branch, y = ref_tree.walk(ref_tree.step_for(rule, replacement), drafts[0].numpy(),
+                                 laws(p), laws(q), coins[0].numpy(), u[0].numpy())
+    return assemble(drafts, *(torch.tensor([v]) for v in (n, branch, y)))
+
+
 # ------------------------------------------------------------------------------ public
 def _multi(
     rule: str,
@@ -474,6 +531,8 @@ def _multi(
     u = sample_uniforms(seeds, positions, g) if sample_u is None else sample_u.to(torch.float64)
     if coins.shape != (B, g, k) or u.shape != (B, g + 1):
         raise ValueError(f"accept_u must be [B, gamma, k] = {(B, g, k)} and sample_u [B, gamma+1]")
+    if ONE_ROW_IN_NUMPY and B == 1 and drafts.device.type == "cpu":
+        return _walk_one_row(rule, replacement, drafts, p, q, coins, u)
     if rule == "rrs":
         step = _rrs_step(replacement)
     elif rule == "kseq":
@@ -604,8 +663,9 @@ def gumbel(
     ``replacement`` is accepted for a uniform call signature: the output depends on neither.
     ``noise``: optional float64 ``[B, gamma+1, V]`` holding ``gumbel_noise(seeds, t + i, V)``
     for ``i = 0..gamma``, e.g. kept from drafting with :func:`gumbel_draft`, to skip
-    recomputing it (about 0.8 ms per 49152-entry vector on one CPU thread); the caller
-    vouches that it is that noise.
+    recomputing it (about 0.8 ms per 49152-entry vector on one CPU thread); or ``[B, gamma,
+    V]``, the drafter's positions only: the bonus position's noise is then hashed here, and
+    only if the walk reaches it. The caller vouches that it is that noise.
     """
     if q is None:  # the rule never reads q: validate against a uniform stand-in
         if not isinstance(p, torch.Tensor) or p.ndim not in (3, 4) or not p.dtype.is_floating_point:
@@ -622,20 +682,21 @@ def gumbel(
     B, k, g = drafts.shape
     V = p.shape[-1]
     if noise is not None and (
-        not isinstance(noise, torch.Tensor) or tuple(noise.shape) != (B, g + 1, V)
+        not isinstance(noise, torch.Tensor) or tuple(noise.shape) not in ((B, g + 1, V), (B, g, V))
     ):
         raise ValueError(
             f"noise must be a tensor [B, gamma+1, V] = {(B, g + 1, V)} of keyed Gumbel noise "
-            "(gumbel_noise(seeds, positions + i, V) for i = 0..gamma), or None"
+            "(gumbel_noise(seeds, positions + i, V) for i = 0..gamma), or [B, gamma, V] without "
+            "the bonus position, or None"
         )
     dummy_coins = torch.zeros(B, g, k, dtype=torch.float64, device=drafts.device)
     dummy_u = torch.zeros(B, g + 1, dtype=torch.float64, device=drafts.device)
 
     def target_token(p_rows: torch.Tensor, act: torch.Tensor, i: int) -> torch.Tensor:
-        if noise is None:
+        if noise is None or i >= noise.shape[1]:
             return _gumbel_target(p_rows, seeds[act], positions[act] + i)
-        G = noise[act, i].to(torch.float64)
-        return torch.argmax(p_rows.to(torch.float64).log() + G, -1)
+        G = noise[int(act), i].unsqueeze(0) if act.numel() == 1 else noise[act, i]
+        return torch.argmax(p_rows.to(torch.float64).log() + G.to(torch.float64), -1)
 
     def step(p_i, q_i, x, alive, coins, u, i, act):
         return target_token(p_i, act, i)

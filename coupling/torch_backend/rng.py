@@ -82,7 +82,8 @@ def _mix(z: torch.Tensor) -> torch.Tensor:
 
 
 _U64 = (1 << 64) - 1
-#: key prefixes with at most this many entries on a CPU are hashed in Python integers
+#: keys (and key prefixes) with at most this many entries on a CPU are hashed in Python
+#: integers
 SMALL_PREFIX = 64
 
 
@@ -117,6 +118,22 @@ def _key_prefix(seed: torch.Tensor, position: torch.Tensor,
     return _mix(h ^ (stream + _GOLDEN))
 
 
+def _small_keys(seed, position, stream, counter) -> tuple[tuple[int, ...], list[int]] | None:
+    """The broadcast shape and the uint64 hashes in Python integers, for at most
+    ``SMALL_PREFIX`` keys on a CPU (the tensor path costs ~50 tiny ops); else None."""
+    keys = [torch.as_tensor(x, dtype=torch.int64, device=seed.device)
+            for x in (seed, position, stream, counter)]
+    shape = np.broadcast_shapes(*(x.shape for x in keys))
+    if seed.device.type != "cpu" or math.prod(shape) > SMALL_PREFIX:
+        return None
+    g = _GOLDEN_U
+    cols = (x.expand(shape).reshape(-1).tolist() for x in keys)
+    return tuple(shape), [
+        _mix_int(_mix_int(_mix_int(_mix_int((a + g) & _U64) ^ ((b + g) & _U64))
+                          ^ ((c + g) & _U64)) ^ ((d + g) & _U64))
+        for a, b, c, d in zip(*cols, strict=True)]
+
+
 def keyed_hash(
     seed: torch.Tensor,
     position: torch.Tensor,
@@ -124,7 +141,23 @@ def keyed_hash(
     counter: torch.Tensor | int,
 ) -> torch.Tensor:
     """``h(seed, position, stream, counter)`` as int64 (uint64 bit pattern); broadcasts."""
+    small = _small_keys(seed, position, stream, counter)
+    if small is not None:
+        shape, hs = small
+        return torch.tensor([_signed(h) for h in hs], dtype=torch.int64).view(shape)
     return _mix(_key_prefix(seed, position, stream) ^ (counter + _GOLDEN))
+
+
+def _keyed_unit(seed, position, stream, counter) -> torch.Tensor:
+    """``U(seed, position, stream, counter)`` float64: :func:`_to_unit` of :func:`keyed_hash`,
+    in Python floats for a few keys (the same bits: ``h >> 11 < 2**53`` is exact, the
+    ``+ 0.5`` rounds as IEEE float64 does on tensors, the scaling is by a power of two)."""
+    small = _small_keys(seed, position, stream, counter)
+    if small is None:
+        return _to_unit(_mix(_key_prefix(seed, position, stream) ^ (counter + _GOLDEN)))
+    shape, hs = small
+    return torch.tensor([((h >> 11) + 0.5) * 2.0**-53 for h in hs],
+                        dtype=torch.float64).view(shape)
 
 
 def _to_unit(h: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
@@ -152,7 +185,7 @@ def keyed_uniforms(
     s = _as_key(seeds, "seeds", dev)
     t = _as_key(positions, "positions", s.device)
     c = _as_key(counter, "counter", s.device)
-    return _to_unit(keyed_hash(s, t, int(stream), c))
+    return _keyed_unit(s, t, int(stream), c)
 
 
 def uniforms(
@@ -181,7 +214,7 @@ def uniforms(
     s = _as_key(seeds, "seeds", dev).reshape(-1, 1)
     t = _as_key(positions, "positions", s.device).reshape(-1, 1)
     j = torch.arange(n, device=s.device, dtype=torch.int64)
-    return _to_unit(keyed_hash(s, t, int(stream), j))
+    return _keyed_unit(s, t, int(stream), j)
 
 
 def gumbel_noise(
