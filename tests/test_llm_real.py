@@ -146,39 +146,44 @@ def test_rollback_matches_fresh_recomputation_float32(real, real32, rule, k, tre
     torch.testing.assert_close(inc, fresh, atol=2e-3, rtol=1e-3)
 
 
-def test_tree_row_in_bf16_differs_from_batch_rows_by_rounding_only(real):
-    """bf16 on SmolLM2: the tree row's laws differ from the batch rows' by about what any change
-    of a call's shape does (one 3-token call against three 1-token calls); the same row with a
-    plain causal mask, where the second branch sees the first, is far off (negative control)."""
-    target, _, _, prompt = real
+def test_tree_row_equals_batch_rows_up_to_rounding(real, real32):
+    """The tree row (k branches as one row under a tree mask) gives each branch the laws its
+    own batch row gives: in float32 to rounding (TV < 1e-4); in bf16 within twice what bf16
+    itself moves the batch rows from float32 (+ 0.01). The bound used to be three times the
+    change of one 3-token call into three 1-token calls, which is exactly 0 on some CPUs (an
+    AMD EPYC here), where the tree row then failed it by 1e-4. Negative control: the same
+    row with a plain causal mask, where the second branch sees the first, is far off."""
     gen = torch.Generator().manual_seed(0)
 
     def tv(a, b):
         return 0.5 * (a.float().softmax(-1) - b.float().softmax(-1)).abs().sum(-1).max().item()
 
-    tree_batch, shape, causal = [], [], []
-    for _ in range(3):
-        ctx = prompt + torch.randint(0, 49152, (3,), generator=gen).tolist()
-        drafts = torch.randint(0, 49152, (2, 2), generator=gen)
-        lm = E.CachedLM(target)
+    def calls(model, ctx, drafts):
+        lm = E.CachedLM(model)
         E.prefill(lm, ctx)
         flat, rows = lm.forward_tree(ctx[-1:], drafts)
-        tree = flat[rows]
-        lm = E.CachedLM(target)
+        lm = E.CachedLM(model)
         E.prefill(lm, ctx)
         lm.expand(2)
         batch = lm.forward(torch.cat([torch.tensor([ctx[-1:]] * 2), drafts], 1))
-        lm = E.CachedLM(target)
-        E.prefill(lm, ctx)
-        ones = torch.stack([lm.forward(torch.tensor([[t]]))[0, -1]
-                            for t in ctx[-1:] + drafts[0].tolist()])
-        lm = E.CachedLM(target)
+        lm = E.CachedLM(model)
         E.prefill(lm, ctx)
         plain = lm.forward(torch.tensor([ctx[-1:] + drafts.reshape(-1).tolist()]))[0]
+        return flat[rows], batch, plain[rows[1]]
+
+    prompt = real[3]
+    exact, tree_batch, bf16_scale, causal = [], [], [], []
+    for _ in range(3):
+        ctx = prompt + torch.randint(0, 49152, (3,), generator=gen).tolist()
+        drafts = torch.randint(0, 49152, (2, 2), generator=gen)
+        tree, batch, plain = calls(real[0], ctx, drafts)
+        tree32, batch32, _ = calls(real32[0], ctx, drafts)
+        exact.append(tv(tree32, batch32))
         tree_batch.append(tv(tree, batch))
-        shape.append(tv(ones, batch[0]))
-        causal.append(tv(plain[rows[1]], batch[1]))
-    assert max(tree_batch) < 0.1 and max(tree_batch) < 3 * max(shape) + 0.01, (tree_batch, shape)
+        bf16_scale.append(tv(batch, batch32))
+        causal.append(tv(plain, batch[1]))
+    assert max(exact) < 1e-4, exact
+    assert max(tree_batch) < 2 * max(bf16_scale) + 0.01, (tree_batch, bf16_scale)
     assert min(causal) > 3 * max(tree_batch), (causal, tree_batch)
 
 
