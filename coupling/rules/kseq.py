@@ -35,7 +35,10 @@ exactly up to rounding:
 
 1. one sort of the breakpoints ``p(x)/q(x)`` and cumulative sums give the margin at every
    breakpoint in ``(1, k)``, hence the segment ``(lo, hi)`` free of breakpoints where it
-   turns non-negative (O(V log V));
+   turns non-negative. Where more than ``SORT_AT_MOST`` breakpoints lie in ``(1, k)``
+   (thousands when every token has mass), a histogram over ``BINS`` equal bins first gives
+   the margin at every bin edge from bin sums (:func:`_bin_pass`, O(V)), and only the few
+   breakpoints of the bins where its sign is uncertain are sorted;
 2. on that segment :math:`\beta = Q_> + P_</\rho` (masses of the tokens above and below),
    so the margin is a smooth scalar function, :func:`segment_margin`, written without
    cancellation: with :math:`D = 1 - \beta` and :math:`E = 1 - \rho\beta` summed from

@@ -284,14 +284,13 @@ def kseq_rho(p: torch.Tensor, q: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
     :math:`\beta(1) = 0`, or when ``rho = 1`` is already valid; otherwise the smallest root
     in ``[1, m]`` of the non-decreasing, continuous, piecewise-smooth validity margin
     (:func:`coupling.rules.kseq.margin`, the sign of :math:`h(\rho) = \rho - c(\beta(\rho))`).
-    The reference sorts every breakpoint ``p/q`` in ``(1, m)``; here:
+    The reference's algorithm (:func:`coupling.rules.kseq._root_segment`), batched:
 
-    1. where more than ``SORT_AT_MOST`` ratios lie inside ``(1, m)`` (thousands where every
-       token has mass), a histogram of them over ``BINS`` equal bins gives ``h`` at every
-       bin edge (:func:`_bin_pass`, about ten passes over ``V``, no sort), and the bracket
-       shrinks to the bins where its sign is not certain; if more than ``SORT_AT_MOST``
-       ratios remain there, a second pass bins the bracket itself (the reference's
-       algorithm, :func:`coupling.rules.kseq._root_segment`);
+    1. where more than ``SORT_AT_MOST`` ratios ``p/q`` lie inside ``(1, m)`` (thousands where
+       every token has mass), a histogram of them over ``BINS`` equal bins gives ``h`` at
+       every bin edge (:func:`_bin_pass`, about ten passes over ``V``, no sort), and the
+       bracket shrinks to the bins where its sign is not certain; if more than
+       ``SORT_AT_MOST`` ratios remain there, a second pass bins the bracket itself;
     2. the few breakpoints left are ordered (a ``topk``), and cumulative sums over them,
        on top of the masses below and above the bracket, give the margin at each, hence
        the segment free of breakpoints where it turns non-negative, as in the reference;

@@ -33,6 +33,7 @@ and ``-log(-log(u))`` are always finite.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -71,14 +72,21 @@ _GOLDEN, _M1, _M2 = _signed(_GOLDEN_U), _signed(_M1_U), _signed(_M2_U)
 
 def _srl(z: torch.Tensor, s: int) -> torch.Tensor:
     # logical right shift on int64: torch's >> is arithmetic (sign-extending)
-    return (z >> s) & ((1 << (64 - s)) - 1)
+    return (z >> s).bitwise_and_((1 << (64 - s)) - 1)
 
 
 def _mix(z: torch.Tensor) -> torch.Tensor:
-    """SplitMix64 finaliser (a bijection of uint64), on int64 with wrapping products."""
-    z = (z ^ _srl(z, 30)) * _M1
-    z = (z ^ _srl(z, 27)) * _M2
-    return z ^ _srl(z, 31)
+    """SplitMix64 finaliser (a bijection of uint64), on int64 with wrapping products, **in
+    place** on ``z`` (every caller passes a fresh tensor): one scratch tensor instead of
+    eight temporaries, each of which a CPU allocator may hand back as fresh pages to fault
+    in (the hash of a 49152-entry noise vector was about a third allocation)."""
+    t = torch.empty_like(z)
+    for shift, mult in ((30, _M1), (27, _M2), (31, None)):
+        torch.bitwise_right_shift(z, shift, out=t)
+        z.bitwise_xor_(t.bitwise_and_((1 << (64 - shift)) - 1))  # logical shift
+        if mult is not None:
+            z.mul_(mult)
+    return z
 
 
 _U64 = (1 << 64) - 1
@@ -162,7 +170,7 @@ def _keyed_unit(seed, position, stream, counter) -> torch.Tensor:
 
 def _to_unit(h: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
     # top 53 bits, centred in their cell: strictly inside (0, 1)
-    return (_srl(h, 11).to(torch.float64) + 0.5).mul_(2.0**-53).to(dtype)
+    return _srl(h, 11).to(torch.float64).add_(0.5).mul_(2.0**-53).to(dtype)
 
 
 def _as_key(x: torch.Tensor | int, name: str, device: torch.device | None) -> torch.Tensor:
@@ -217,6 +225,12 @@ def uniforms(
     return _keyed_unit(s, t, int(stream), j)
 
 
+@functools.lru_cache(maxsize=8)
+def _vocab_keys(vocab_size: int, device: torch.device) -> torch.Tensor:
+    """``arange(V) + g``, the counter part of every Gumbel key (read only; kept per V)."""
+    return torch.arange(vocab_size, device=device, dtype=torch.int64) + _GOLDEN
+
+
 def gumbel_noise(
     seeds: torch.Tensor,
     positions: torch.Tensor,
@@ -245,14 +259,15 @@ def gumbel_noise(
     t = _as_key(positions, "positions", s.device)
     s, t = torch.broadcast_tensors(s, t)
     if tokens is None:
-        v = torch.arange(vocab_size, device=s.device, dtype=torch.int64)
+        v = None
     else:
         v = _as_key(tokens, "tokens", s.device)
         if v.ndim != 1 or (v.numel() and (int(v.min()) < 0 or int(v.max()) >= vocab_size)):
             raise ValueError(f"tokens must be a 1-D tensor of ids in [0, {vocab_size}), got "
                              f"shape {tuple(v.shape)}")
     # hash the (seed, position, stream) prefix once per row, the vocabulary index per entry
-    h = _mix(_key_prefix(s, t, STREAM_GUMBEL).unsqueeze(-1) ^ (v + _GOLDEN))
+    key = _vocab_keys(vocab_size, s.device) if tokens is None else v + _GOLDEN
+    h = _mix(_key_prefix(s, t, STREAM_GUMBEL).unsqueeze(-1) ^ key)
     u = _to_unit(h, torch.float64)
     # -log(-log u) in float64 then cast: the noise is identical on every call
     return u.log_().neg_().log_().neg_().to(dtype)
