@@ -944,3 +944,27 @@ def test_feature_draft_training_overlap_term_is_the_calibration_overlap_and_has_
     assert float(got.detach()) == pytest.approx(float(want), abs=1e-6)
     got.backward()
     assert torch.isfinite(sub.grad).all() and sub.grad.abs().sum() > 0
+
+
+def test_demo_states_what_parallel_verification_cost():
+    """The demo's line on the price of a verification call: the token rule's call over a
+    decoding call, and the bound BE / c on any rule verifying gamma drafted tokens; it says
+    that no such rule can win when the best BE does not exceed c (the n-gram drafter, whose
+    calls often score fewer tokens, is left out of that claim)."""
+    from coupling.llm.demo import verification_price
+
+    def res(call_ms, bes):
+        rules = {"token": {"target_call_ms": call_ms, "block_efficiency": bes[0],
+                           "drafter": "trained"},
+                 "block_feature": {"target_call_ms": call_ms, "block_efficiency": bes[1],
+                                   "drafter": "feature"},
+                 "token_ngram": {"target_call_ms": 60.0, "block_efficiency": 9.0,
+                                 "drafter": "ngram"}}
+        return {"rules": rules, "autoregressive_target_call_ms": 50.0,
+                "settings": {"gamma": 2}}
+
+    cheap = verification_price(res(51.0, (1.3, 1.55)))
+    assert "1.02x a decoding call" in cheap and "none of them" not in cheap
+    dear = verification_price(res(88.0, (1.38, 1.55)))
+    assert "1.76x" in dear and "best such BE of this run, 1.55" in dear and "none of them" in dear
+    assert verification_price({"rules": {}, "autoregressive_target_call_ms": 50.0}) is None

