@@ -231,6 +231,38 @@ def test_cache_sync_equals_fresh_recomputation(pair):
     torch.testing.assert_close(got, fresh_next_logits(target, seq2), atol=1e-5, rtol=1e-5)
 
 
+def test_prefill_reuse_keeps_the_common_prefix_and_generation_is_unchanged(pair):
+    """prefill(reuse=True) feeds only what the cache lacks of prompt[:-1] (the last position's
+    logits only: last_only), and a generation through a reused CachedLM is the very
+    generation of a fresh one (same tokens, same decisions), prompt after prompt."""
+    target, draft = pair
+    lm = E.CachedLM(target)
+    calls = lm.calls
+    E.prefill(lm, [1, 2, 3, 4, 5], reuse=True)            # empty cache: feeds 1 2 3 4
+    assert lm.tokens == [[1, 2, 3, 4]] and lm.calls == calls + 1
+    lm.forward(torch.tensor([[5, 6]]))
+    E.prefill(lm, [1, 2, 3, 4, 5], reuse=True)            # holds 1..6: crops, feeds nothing
+    assert lm.tokens == [[1, 2, 3, 4]] and lm.calls == calls + 2
+    E.prefill(lm, [1, 2, 7, 8, 9], reuse=True)            # keeps 1 2, feeds 7 8
+    assert lm.tokens == [[1, 2, 7, 8]] and lm.cache.get_seq_length() == 4
+    got = lm.forward(torch.tensor([[9]]))[0, -1].float()
+    torch.testing.assert_close(got, fresh_next_logits(target, [1, 2, 7, 8, 9]), atol=1e-5,
+                               rtol=1e-5)
+    last = E.CachedLM(target).forward(torch.tensor([[3, 1, 4]]), last_only=True)
+    assert last.shape == (1, 1, target.config.vocab_size)
+    torch.testing.assert_close(last[0, -1].float(), fresh_next_logits(target, [3, 1, 4]))
+    cfg = SamplingConfig(1.0)
+    shared = E.CachedLM(target)
+    for prompt, rule, k in (([5, 6, 7, 8], "token", 1), ([5, 6, 9], "rrs", 2),
+                            ([5, 6, 7, 8], "kseq", 2)):
+        runs = [E.generate(target, E.ModelDrafter(draft), prompt, max_new_tokens=10, rule=rule,
+                           k=k, gamma=3, cfg=cfg, seed=4, target=t)
+                for t in (shared, None)]
+        assert runs[0].tokens == runs[1].tokens
+        assert [(s.accepted, s.branch) for s in runs[0].steps] == \
+            [(s.accepted, s.branch) for s in runs[1].steps]
+
+
 @pytest.mark.parametrize("fed,k,g,branch", [(1, 2, 2, 1), (2, 3, 3, 2), (1, 3, 1, 0),
                                             (3, 2, 4, 1)])
 def test_forward_tree_scores_each_branch_as_its_own_sequence(pair, fed, k, g, branch):

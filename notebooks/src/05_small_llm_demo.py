@@ -100,12 +100,19 @@ plt.show()
 # (`engine.autoregressive(..., gumbel=True)`), whichever drafter proposes: the trained draft
 # model or prompt-lookup n-grams. Token verification with the same seed does not have this
 # property.
+#
+# The invariance is exact for the rule given the target's laws $p$; it reaches the token
+# stream only if the target computes the same $p$ for a prefix whatever call scores it.
+# In bf16 on a CPU the logits of a position scored in a 5-token verification call differ in
+# the last bits from those of a 1-token decoding call (the matrix products round in another
+# order), which can flip a near-tied Gumbel argmax; so this section loads the target in
+# float32, where those differences are about $10^{-6}$ (as `tests/test_llm_real.py` does).
 
 # %%
 from coupling.llm import engine, models
 from coupling.llm.sampling import SamplingConfig
 
-target = models.load_target()
+target = models.load_target("float32")
 draft = models.load_draft(target)
 tok = models.load_tokenizer()
 prompt_text = demo.load_prompts()[0]
