@@ -4,7 +4,8 @@
 Part 1 (costs): median wall time of one target forward on n new tokens (n = 1, 2, 3, 4, 5, 8,
 16, and k x (gamma+1) batched) at context 100, and of one draft forward (batch 1, 2, 4; the
 feature-level draft at batch 1, 2; each restricted draft head also with weight-only int8, as
-the demo runs the drafts), in the model dtype (bf16 by default): the cost ratio
+the demo runs the drafts), in the model dtype (bf16 by default; with ``--target-quant int8``
+the target's rows are those of the int8 target the demo then runs): the cost ratio
 c = draft step / target step, and the speedup ceiling BE x t(1 token) / t(gamma + 1 tokens)
 that even a free draft and a free engine could not beat.
 
@@ -37,7 +38,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9,
-               head_tokens: int = 0) -> dict:
+               head_tokens: int = 0, target_quant: str = "none") -> dict:
     import torch
     from transformers import DynamicCache
 
@@ -46,6 +47,8 @@ def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9,
     target = models.load_target(dtype)
     draft = models.load_draft(target)
     small = models.load_draft(target, head_tokens=head_tokens) if head_tokens else None
+    if target_quant == "int8":
+        models.quantize_target_int8(target)        # after the drafts took the shared modules
     g = torch.Generator().manual_seed(0)
 
     def med(model, B, n):
@@ -127,8 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(dargs.threads)
     costs = None
     if not args.skip_costs:
-        costs = step_costs(head_tokens=dargs.draft_head)
-        print(f"step costs (median ms, context 100, bf16, {torch_threads()} threads):")
+        costs = step_costs(dargs.dtype, head_tokens=dargs.draft_head,
+                           target_quant=dargs.target_quant)
+        quant = ", weight-only int8 target" if dargs.target_quant == "int8" else ""
+        print(f"step costs (median ms, context 100, {dargs.dtype}{quant}, "
+              f"{torch_threads()} threads):")
         for kind in ("target_ms", "draft_ms"):
             for name, v in costs[kind].items():
                 print(f"  {kind[:-3]:<7}{name:<30}{v:7.1f}")

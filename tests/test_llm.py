@@ -501,6 +501,17 @@ def test_first_two_tokens_follow_the_target_law(pair, rule, k, tree):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("rule,k", [("rrs", 2)])
+def test_rules_are_lossless_for_the_int8_target(rule, k):
+    """An int8 target is just another target: the first two tokens follow its own law
+    (enumerated from the quantized model), as in the test above."""
+    target, draft = int8_target()
+    law = exact_two_token_law(target, PROMPT, CFG3)
+    counts = two_token_counts(target, draft, PROMPT, CFG3, rule, k, n=1000, tree=True)
+    assert chi2_pvalue(counts, law) > 1e-3
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("rule,k", [("token", 1), ("rrs", 2)])
 def test_feature_drafter_is_lossless(pair, rule, k):
     """The feature-level drafter (its q is whatever law it sampled from) keeps every rule
@@ -664,6 +675,51 @@ def test_int8_linear_rounds_per_row_and_never_touches_shared_modules():
         assert torch.isfinite(draft(ids).logits).all()
     with pytest.raises(TypeError, match="not Linear"):
         models.quantize_linears_int8(fd, ("fc",))       # already quantised
+
+
+def int8_target(seed: int = 7):
+    """A tiny target and a draft built on it, then the target quantized (the demo's order)."""
+    from coupling.llm import models
+
+    target = tiny_llama(seed, layers=2)
+    draft = models.build_draft(target, models.DraftSpec(1, (1,)))
+    return models.quantize_target_int8(target), draft
+
+
+def test_int8_target_quantizes_every_projection_and_leaves_earlier_drafts_alone():
+    """quantize_target_int8: all seven projections of every layer and the head become
+    Int8Linear (logits within 2% in norm), the embeddings stay; a draft built before keeps
+    the original head module and its logits; a second call is a clear error; the engine's
+    cached, rolled-back logits equal a fresh pass of the quantized target."""
+    from coupling.llm import models
+
+    target = tiny_llama(7, layers=2)
+    draft = models.build_draft(target, models.DraftSpec(1, (1,)))
+    head, emb = target.lm_head, target.model.embed_tokens.weight
+    ids = torch.tensor([[1, 4, 2, 7, 3]])
+    with torch.no_grad():
+        before, d_before = target(ids).logits.clone(), draft(ids).logits.clone()
+    assert models.quantize_target_int8(target) is target
+    names = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    for layer in target.model.layers:
+        mods = [getattr(layer.self_attn, n, None) or getattr(layer.mlp, n) for n in names]
+        assert all(type(m) is models.Int8Linear and m.dense is None for m in mods)
+    assert type(target.lm_head) is models.Int8Linear
+    assert target.model.embed_tokens.weight is emb and draft.lm_head is head
+    with torch.no_grad():
+        after = target(ids).logits
+        torch.testing.assert_close(draft(ids).logits, d_before, atol=0, rtol=0)
+    rel = float((after - before).norm() / before.norm())
+    assert 0 < rel < 2e-2, rel
+    with pytest.raises(ValueError, match="already weight-only int8"):
+        models.quantize_target_int8(target)
+    tlm = E.CachedLM(target)
+    res = E.generate(target, E.ModelDrafter(draft), [1, 2, 3], max_new_tokens=12, rule="token",
+                     gamma=3, cfg=SamplingConfig(1.0), seed=2, target=tlm)
+    assert any(s.accepted < s.drafted for s in res.steps)
+    seq = [1, 2, 3] + res.tokens
+    inc = tlm.forward(torch.tensor([tlm.sync(seq)]))[0, -1].float()
+    torch.testing.assert_close(inc, fresh_next_logits(target, seq), atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("cfg", [SamplingConfig(1.0), SamplingConfig(0.7, 3, 0.9),
@@ -993,10 +1049,15 @@ def test_demo_states_what_parallel_verification_cost():
                  "token_ngram": {"target_call_ms": 60.0, "block_efficiency": 9.0,
                                  "drafter": "ngram"}}
         return {"rules": rules, "autoregressive_target_call_ms": 50.0,
-                "settings": {"gamma": 2}}
+                "settings": {"gamma": 2}, "models": {"target_quant": quant}}
 
+    quant = "none"
     cheap = verification_price(res(51.0, (1.3, 1.55)))
     assert "1.02x a decoding call" in cheap and "none of them" not in cheap
+    assert "--target-quant" not in cheap
     dear = verification_price(res(88.0, (1.38, 1.55)))
     assert "1.76x" in dear and "best such BE of this run, 1.55" in dear and "none of them" in dear
+    assert "--target-quant int8" in dear      # the way out on a CPU without native bf16
+    quant = "int8"
+    assert "--target-quant" not in verification_price(res(88.0, (1.38, 1.55)))
     assert verification_price({"rules": {}, "autoregressive_target_call_ms": 50.0}) is None

@@ -89,6 +89,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-quant", choices=("int8", "none"), default="int8",
                     help="both drafts' own weights and head weight-only int8 (a draft step is "
                          "bound by reading its weights; the target always runs in --dtype)")
+    ap.add_argument("--target-quant", choices=("none", "int8"), default="none",
+                    help="int8: weight-only int8 target (models.quantize_target_int8), run by "
+                         "every method alike; for CPUs without native bf16, where a bf16 call "
+                         "on a few tokens costs about twice a one-token call")
     ap.add_argument("--draft-logit-scale", type=float, default=None,
                     help="multiply both drafts' logits by this before the sampling transforms "
                          "(default: the calibrated scale stored with each draft's weights, "
@@ -146,6 +150,9 @@ def run(args) -> dict:
         fdraft_params = sum(v.numel() for v in fdraft.own_state_dict().values())
         if int8:
             fdraft.quantize_int8()
+    target_params = models.param_count(target)
+    if args.target_quant == "int8":
+        models.quantize_target_int8(target)   # after the drafts took the shared modules
     tok = models.load_tokenizer()
     t_load = time.perf_counter() - t_load
     V = target.config.vocab_size
@@ -265,7 +272,7 @@ def run(args) -> dict:
                    + (f", head restricted to {args.draft_head} tokens)" if args.draft_head
                       else ")"),
                    "dtype": args.dtype, "device": args.device,
-                   "target_params": models.param_count(target),
+                   "target_params": target_params, "target_quant": args.target_quant,
                    "draft_own_params": draft_params, "draft_quant": args.draft_quant,
                    "draft_logit_scale": draft.coupling_logit_scale,
                    **({"feature_draft": "fc + 1 decoder layer on the target's final hidden "
@@ -325,6 +332,9 @@ def verification_price(res: dict) -> str | None:
     if best <= c:
         line += (f"; the best such BE of this run, {best:.2f}, does not exceed it, so none of "
                  "them can beat plain sampling on this machine")
+    if c > 1.5 and res["models"].get("target_quant", "none") == "none":
+        line += ("; on a CPU without native bf16, --target-quant int8 (a weight-only int8 "
+                 "target, run by every method) scores a few tokens for about one decoding call")
     return line
 
 
@@ -374,7 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     mdl = res["models"]
     weights = "int8" if mdl["draft_quant"] == "int8" else mdl["dtype"]
     print(f"target: {mdl['target']} ({mdl['target_params'] / 1e6:.0f}M params, "
-          f"{mdl['dtype']} on {mdl['device']}); draft: "
+          f"{mdl['dtype']}{', weight-only int8' if mdl['target_quant'] == 'int8' else ''} "
+          f"on {mdl['device']}); draft: "
           f"{mdl['draft']} ({mdl['draft_own_params'] / 1e6:.1f}M own params, weights {weights}, "
           f"logit scale {mdl['draft_logit_scale']:g}"
           + (f"; feature draft {mdl['feature_draft_logit_scale']:g}"
