@@ -47,8 +47,12 @@ def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9,
     target = models.load_target(dtype)
     draft = models.load_draft(target)
     small = models.load_draft(target, head_tokens=head_tokens) if head_tokens else None
+    from coupling.llm import feature_draft as FD
+
+    fd = (FD.load_feature_draft(target, head_tokens=head_tokens)
+          if FD.FEATURE_DRAFT_WEIGHTS.is_file() else None)
     if target_quant == "int8":
-        models.quantize_target_int8(target)        # after the drafts took the shared modules
+        models.quantize_target_int8(target)        # after the drafts took what they share
     g = torch.Generator().manual_seed(0)
 
     def med(model, B, n):
@@ -77,9 +81,7 @@ def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9,
         models.quantize_draft_int8(small)
         for B in (1, 4):
             out["draft_ms"][f"B{B}_n1 head {head_tokens} int8"] = med(small, B, 1)
-    from coupling.llm import feature_draft as FD
-
-    if FD.FEATURE_DRAFT_WEIGHTS.is_file():
+    if fd is not None:
         d = target.config.hidden_size
 
         def med_feature(fd, B):
@@ -97,7 +99,6 @@ def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9,
                     c.crop(-1)
             return 1e3 * sorted(ts)[len(ts) // 2]
 
-        fd = FD.load_feature_draft(target, head_tokens=head_tokens)
         for B in (1, 2):
             out["draft_ms"][f"feature B{B}_n1 head {head_tokens or 'full'}"] = med_feature(fd, B)
         fd.quantize_int8()

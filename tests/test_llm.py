@@ -713,6 +713,10 @@ def test_int8_target_quantizes_every_projection_and_leaves_earlier_drafts_alone(
     assert 0 < rel < 2e-2, rel
     with pytest.raises(ValueError, match="already weight-only int8"):
         models.quantize_target_int8(target)
+    with pytest.raises(ValueError, match="build drafts from the target before"):
+        models.build_draft(target, models.DraftSpec(1, (1,)))
+    with pytest.raises(ValueError, match="build drafts from the target before"):
+        FD.FeatureDraft(target)
     tlm = E.CachedLM(target)
     res = E.generate(target, E.ModelDrafter(draft), [1, 2, 3], max_new_tokens=12, rule="token",
                      gamma=3, cfg=SamplingConfig(1.0), seed=2, target=tlm)

@@ -292,6 +292,9 @@ def build_draft(target, spec: DraftSpec):
     """
     from transformers import LlamaForCausalLM
 
+    if getattr(target, "coupling_target_quant", None) is not None:
+        raise ValueError("target is weight-only int8 (quantize_target_int8): build drafts from "
+                         "the target before quantizing it")
     if len(spec.init_layers) != spec.n_layers:
         raise ValueError(
             f"spec.init_layers has {len(spec.init_layers)} entries for n_layers={spec.n_layers}; "
