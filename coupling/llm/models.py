@@ -490,8 +490,9 @@ def quantize_target_int8(target):
     2026-12-03/04), a bf16 or float32 product of a few rows costs about twice the one-row
     product (``docs/RESULTS.md``, stop 16), so parallel verification is not free and no rule
     beats plain sampling; the int8 kernel reads half the bytes and scores 1-3 tokens for the
-    price of one. This is another target: its laws move from the float32 target's by TV
-    0.039 on average (bf16's: 0.018) on the demo's text; the engine is lossless for whatever
+    price of one. This is another target: its next-token laws are at TV about 0.04 from the
+    float32 target's on the demo's text, bf16's at about 0.015
+    (``benchmarks/bench_target_quant.py``); the engine is lossless for whatever
     target it runs, and ``coupling demo --target-quant int8`` runs autoregressive sampling,
     Hugging Face assisted generation and every rule on this same quantized target.
 
