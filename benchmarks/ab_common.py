@@ -94,21 +94,24 @@ class TargetStep:
     ``batch`` rows at context ``ctx`` (SmolLM2-135M, bf16 on a CPU as the engine runs it,
     float16 on CUDA) and rolls the cache back: ``batch = 1, new = 1`` is a decoding step,
     ``batch = B k, new = gamma + 1`` the verification call of a ``[B, k, gamma]`` tree.
+    ``model``: time this causal LM instead (another dtype, an int8 target, a draft).
     """
 
     _models: dict = {}
 
     def __init__(self, device: str = "cpu", batch: int = 1, new: int = 1, ctx: int = 100,
-                 seed: int = 0):
+                 seed: int = 0, model=None):
         import torch
         from transformers import DynamicCache
 
         from coupling.llm import models
 
-        if device not in self._models:
-            dtype = "bfloat16" if device == "cpu" else "float16"
-            self._models[device] = models.load_target(dtype).to(device)
-        self.model, self.device = self._models[device], device
+        if model is None:
+            if device not in self._models:
+                dtype = "bfloat16" if device == "cpu" else "float16"
+                self._models[device] = models.load_target(dtype).to(device)
+            model = self._models[device]
+        self.model, self.device = model, device
         V = self.model.config.vocab_size
         g = torch.Generator().manual_seed(seed)
         ids = torch.randint(0, V, (batch, ctx), generator=g).to(device)

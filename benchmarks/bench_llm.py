@@ -40,15 +40,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9,
                head_tokens: int = 0, target_quant: str = "none") -> dict:
     import torch
-    from transformers import DynamicCache
+    from ab_common import TargetStep
 
+    from coupling.llm import feature_draft as FD
     from coupling.llm import models
 
     target = models.load_target(dtype)
     draft = models.load_draft(target)
     small = models.load_draft(target, head_tokens=head_tokens) if head_tokens else None
-    from coupling.llm import feature_draft as FD
-
     fd = (FD.load_feature_draft(target, head_tokens=head_tokens)
           if FD.FEATURE_DRAFT_WEIGHTS.is_file() else None)
     if target_quant == "int8":
@@ -56,18 +55,8 @@ def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9,
     g = torch.Generator().manual_seed(0)
 
     def med(model, B, n):
-        ids = torch.randint(0, 49152, (B, ctx), generator=g)
-        x = torch.randint(0, 49152, (B, n), generator=g)
-        with torch.no_grad():
-            c = DynamicCache()
-            model(input_ids=ids, cache=c, use_cache=True)
-            ts = []
-            for _ in range(reps):
-                t0 = time.perf_counter()
-                model(input_ids=x, cache=c, use_cache=True)
-                ts.append(time.perf_counter() - t0)
-                c.crop(-n)
-        return 1e3 * sorted(ts)[len(ts) // 2]
+        step = TargetStep(batch=B, new=n, ctx=ctx, model=model)
+        return sorted(step.time_ms() for _ in range(reps))[reps // 2]
 
     out = {"target_ms": {}, "draft_ms": {}}
     for n in (1, 2, 3, 4, 5, 8, 16):

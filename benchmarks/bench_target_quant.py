@@ -26,28 +26,17 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-def call_ms(model, n: int, repeats: int, gen, ctx: int = 100) -> float:
-    import torch
-    from transformers import DynamicCache
+def call_ms(model, n: int, repeats: int, seed: int) -> float:
+    """Median of ``repeats`` calls of ``model`` on n new tokens at context 100."""
+    from ab_common import TargetStep
 
-    ids = torch.randint(0, model.config.vocab_size, (1, ctx), generator=gen)
-    x = torch.randint(0, model.config.vocab_size, (1, n), generator=gen)
-    with torch.no_grad():
-        cache = DynamicCache()
-        model(input_ids=ids, cache=cache, use_cache=True)
-        ts = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            model(input_ids=x, cache=cache, use_cache=True)
-            ts.append(time.perf_counter() - t0)
-            cache.crop(-n)
-    return 1e3 * statistics.median(ts)
+    step = TargetStep(new=n, seed=seed, model=model)
+    return statistics.median(step.time_ms() for _ in range(repeats))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,13 +57,12 @@ def main(argv: list[str] | None = None) -> int:
     targets = {"bf16": models.load_target("bfloat16"), "float32": models.load_target("float32"),
                "bf16 + int8 weights": models.quantize_target_int8(models.load_target("bfloat16"))}
     sizes = (1, 2, 3, 4, 5)
-    gen = torch.Generator().manual_seed(0)
     print(f"target call, ms (median of {args.repeats}, context 100, {args.threads} thread(s))")
     print(f"{'round':<6}{'target':<22}" + "".join(f"{f'n={n}':>9}" for n in sizes)
           + f"{'t3/t1':>8}{'t5/t1':>8}")
     for r in range(args.rounds):
         for name, model in targets.items():
-            ms = [call_ms(model, n, args.repeats, gen) for n in sizes]
+            ms = [call_ms(model, n, args.repeats, seed=100 * r + n) for n in sizes]
             print(f"{r:<6}{name:<22}" + "".join(f"{m:9.1f}" for m in ms)
                   + f"{ms[2] / ms[0]:8.2f}{ms[4] / ms[0]:8.2f}", flush=True)
 
