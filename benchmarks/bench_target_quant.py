@@ -19,6 +19,7 @@ sampling settings) and the float32 target's.
 Usage::
 
     python benchmarks/bench_target_quant.py --threads 1
+    python benchmarks/bench_target_quant.py --threads 1 --dynamic --rounds 1   # + fbgemm
 """
 
 from __future__ import annotations
@@ -51,19 +52,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--repeats", type=int, default=9)
     ap.add_argument("--tokens", type=int, default=150)
+    ap.add_argument("--dynamic", action="store_true",
+                    help="also the float32 target with dynamic int8 linears (fbgemm: weights "
+                         "and activations int8), the quantization this project does not use")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     targets = {"bf16": models.load_target("bfloat16"), "float32": models.load_target("float32"),
                "bf16 + int8 weights": models.quantize_target_int8(models.load_target("bfloat16"))}
+    if args.dynamic:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")      # quantize_dynamic's deprecation notice
+            targets["float32, dynamic int8"] = torch.ao.quantization.quantize_dynamic(
+                models.load_target("float32"), {torch.nn.Linear}, dtype=torch.qint8)
     sizes = (1, 2, 3, 4, 5)
     print(f"target call, ms (median of {args.repeats}, context 100, {args.threads} thread(s))")
-    print(f"{'round':<6}{'target':<22}" + "".join(f"{f'n={n}':>9}" for n in sizes)
+    print(f"{'round':<6}{'target':<24}" + "".join(f"{f'n={n}':>9}" for n in sizes)
           + f"{'t3/t1':>8}{'t5/t1':>8}")
     for r in range(args.rounds):
         for name, model in targets.items():
             ms = [call_ms(model, n, args.repeats, seed=100 * r + n) for n in sizes]
-            print(f"{r:<6}{name:<22}" + "".join(f"{m:9.1f}" for m in ms)
+            print(f"{r:<6}{name:<24}" + "".join(f"{m:9.1f}" for m in ms)
                   + f"{ms[2] / ms[0]:8.2f}{ms[4] / ms[0]:8.2f}", flush=True)
 
     tok = models.load_tokenizer()
@@ -84,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         if model is ref_model:
             continue
         tv = 0.5 * (laws(model) - ref).abs().sum(-1)
-        print(f"  {name:<22} mean {tv.mean().item():.4f}  max {tv.max().item():.4f}")
+        print(f"  {name:<24} mean {tv.mean().item():.4f}  max {tv.max().item():.4f}")
     return 0
 
 
