@@ -16,10 +16,20 @@ Part 2, laws: the float32 target samples ``--tokens`` tokens after a demo prompt
 text, the mean and max total variation between each target's next-token laws (the demo's
 sampling settings) and the float32 target's.
 
+``--dynamic`` adds two float32 targets whose projections run fbgemm's dynamic int8 kernel
+(weights per channel, activations quantized per call with one scale per tensor): as they are,
+and after SmoothQuant (Xiao et al. 2023, arXiv 2211.10438) moves the activations' outlier
+channels into the weights, ``x W^T = (x / s)(W diag(s))^T`` with
+``s_j = max|x_j|^a / max|W_{:,j}|^(1-a)`` (``--smooth-alpha``), the ``1 / s`` folded into the
+RMSNorm before q/k/v and gate/up, into v_proj's rows before o_proj (one ``s`` per key-value
+head, shared by its query heads) and into up_proj's rows before down_proj; ``max|x_j|`` from
+target-generated text after demo prompts 5-8 (disjoint from the text the TV is measured on).
+The LM head stays float32 in both.
+
 Usage::
 
     python benchmarks/bench_target_quant.py --threads 1
-    python benchmarks/bench_target_quant.py --threads 1 --dynamic --rounds 1   # + fbgemm
+    python benchmarks/bench_target_quant.py --threads 1 --dynamic --rounds 1   # + dynamic int8
 """
 
 from __future__ import annotations
@@ -40,6 +50,72 @@ def call_ms(model, n: int, repeats: int, seed: int) -> float:
     return statistics.median(step.time_ms() for _ in range(repeats))
 
 
+def dynamic_int8(model):
+    """fbgemm dynamic int8 for every projection (per-channel weights); the head stays float32."""
+    import warnings
+
+    import torch
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
+
+    spec = {name: per_channel_dynamic_qconfig for name, mod in model.named_modules()
+            if isinstance(mod, torch.nn.Linear) and name != "lm_head"}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # quantize_dynamic's deprecation notice
+        return quantize_dynamic(model, spec, dtype=torch.qint8)
+
+
+def smooth_quant(model, calib, alpha: float):
+    """SmoothQuant's rescaling of a Llama (in place, the function unchanged up to rounding):
+    each projection's input channel j divided by ``s_j``, its weight column multiplied by it."""
+    import torch
+
+    amax: dict[str, torch.Tensor] = {}
+
+    def record(name):
+        def hook(mod, inp, out):
+            a = inp[0].detach().abs().reshape(-1, inp[0].shape[-1]).amax(0).float()
+            amax[name] = torch.maximum(amax[name], a) if name in amax else a
+        return hook
+
+    hooks = [mod.register_forward_hook(record(n)) for n, mod in model.named_modules()
+             if isinstance(mod, torch.nn.Linear)]
+    with torch.no_grad():
+        for ids in calib:
+            model(ids)
+    for h in hooks:
+        h.remove()
+
+    def scales(x, *weights):                     # [in] from the inputs' and weights' maxima
+        w = torch.stack([wt.abs().amax(0) for wt in weights]).amax(0)
+        return x.clamp_min(1e-5) ** alpha / w.clamp_min(1e-5) ** (1 - alpha)
+
+    cfg = model.config
+    hd = cfg.hidden_size // cfg.num_attention_heads
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    with torch.no_grad():
+        for i, layer in enumerate(model.model.layers):
+            at, mlp, pre = layer.self_attn, layer.mlp, f"model.layers.{i}."
+            s = scales(amax[pre + "self_attn.q_proj"], at.q_proj.weight, at.k_proj.weight,
+                       at.v_proj.weight)
+            layer.input_layernorm.weight.div_(s)
+            for lin in (at.q_proj, at.k_proj, at.v_proj):
+                lin.weight.mul_(s)
+            s = scales(amax[pre + "mlp.gate_proj"], mlp.gate_proj.weight, mlp.up_proj.weight)
+            layer.post_attention_layernorm.weight.div_(s)
+            for lin in (mlp.gate_proj, mlp.up_proj):
+                lin.weight.mul_(s)
+            s = scales(amax[pre + "mlp.down_proj"], mlp.down_proj.weight)
+            mlp.up_proj.weight.div_(s[:, None])  # down's input is silu(gate) * up: linear in up
+            mlp.down_proj.weight.mul_(s)
+            # o_proj's input channel (head h, dim d) is a mix of v rows (kv head h // group, d)
+            x = amax[pre + "self_attn.o_proj"].reshape(-1, group, hd).amax(1)
+            w = at.o_proj.weight.abs().amax(0).reshape(-1, group, hd).amax(1)
+            s = x.clamp_min(1e-5) ** alpha / w.clamp_min(1e-5) ** (1 - alpha)   # [kv heads, hd]
+            at.v_proj.weight.div_(s.reshape(-1)[:, None])
+            at.o_proj.weight.mul_(s[:, None, :].expand(-1, group, -1).reshape(-1))
+    return model
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -54,19 +130,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", type=int, default=150)
     ap.add_argument("--dynamic", action="store_true",
                     help="also the float32 target with dynamic int8 linears (fbgemm: weights "
-                         "and activations int8), the quantization this project does not use")
+                         "and activations int8), as it is and after SmoothQuant; the "
+                         "quantization this project does not use")
+    ap.add_argument("--smooth-alpha", type=float, default=0.65)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
+    tok = models.load_tokenizer()
+    cfg = SamplingConfig(0.7, 50, 0.95)
     targets = {"bf16": models.load_target("bfloat16"), "float32": models.load_target("float32"),
                "bf16 + int8 weights": models.quantize_target_int8(models.load_target("bfloat16"))}
     if args.dynamic:
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")      # quantize_dynamic's deprecation notice
-            targets["float32, dynamic int8"] = torch.ao.quantization.quantize_dynamic(
-                models.load_target("float32"), {torch.nn.Linear}, dtype=torch.qint8)
+        calib = [E.autoregressive(targets["float32"], p, max_new_tokens=64, cfg=cfg, seed=i)
+                 for i, p in enumerate(models.chat_prompt(tok, t)
+                                       for t in demo.load_prompts()[4:8])]
+        calib = [torch.tensor([r.tokens]) for r in calib]
+        targets["float32, dynamic int8"] = dynamic_int8(models.load_target("float32"))
+        targets[f"  + SmoothQuant a={args.smooth_alpha:g}"] = dynamic_int8(
+            smooth_quant(models.load_target("float32"), calib, args.smooth_alpha))
     sizes = (1, 2, 3, 4, 5)
     print(f"target call, ms (median of {args.repeats}, context 100, {args.threads} thread(s))")
     print(f"{'round':<6}{'target':<24}" + "".join(f"{f'n={n}':>9}" for n in sizes)
@@ -77,9 +158,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{r:<6}{name:<24}" + "".join(f"{m:9.1f}" for m in ms)
                   + f"{ms[2] / ms[0]:8.2f}{ms[4] / ms[0]:8.2f}", flush=True)
 
-    tok = models.load_tokenizer()
     prompt = models.chat_prompt(tok, demo.load_prompts()[0])
-    cfg = SamplingConfig(0.7, 50, 0.95)
     ref_model = targets["float32"]
     text = E.autoregressive(ref_model, prompt, max_new_tokens=args.tokens, cfg=cfg, seed=1)
     seq = torch.tensor([prompt + text.tokens])

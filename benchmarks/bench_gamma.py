@@ -1,0 +1,71 @@
+#!/usr/bin/env python
+"""Same-process A/B of the draft length gamma: token and block verification with the shipped
+feature draft at gamma = 1, 2, 3, 4, with autoregressive sampling of the same target measured
+in the same process as the baseline.
+
+Why: a verification call scores gamma + 1 tokens, and what that costs against a one-token
+call depends on the CPU's matrix kernels (``bench_target_quant.py``); the block efficiency
+grows with gamma by less each time (1 + a + a^2 + ... for a per-position acceptance a). The
+best gamma is where the two meet, and it moves from machine to machine; Leviathan et al.
+(2023, section 3.4) choose it from a and the price ratio, this script measures it.
+
+For each demo prompt (``coupling/data/prompts.json``, 96 new tokens, the demo's sampling
+settings, seed = prompt index): plain autoregressive sampling, then every (gamma, rule), the
+gammas' order rotated from prompt to prompt. The feature draft runs as the demo runs it (int8,
+8192-token head, its calibrated logit scale); ``--target-quant int8`` quantizes the target
+after the draft took its shared tensors, as ``coupling demo --target-quant int8`` does.
+
+Usage::
+
+    python benchmarks/bench_gamma.py --target-quant int8
+    python benchmarks/bench_gamma.py --gammas 1,2 --rules token --prompts 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    from ab_common import add_run_args, demo_prompts, print_table, rotated_runs
+
+    from coupling.llm import engine as E
+    from coupling.llm import models
+    from coupling.llm.feature_draft import FeatureDrafter, load_feature_draft
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--gammas", type=str, default="1,2,3,4")
+    ap.add_argument("--rules", type=str, default="token,block")
+    ap.add_argument("--target-quant", choices=("none", "int8"), default="none")
+    add_run_args(ap)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+
+    target = models.load_target("bfloat16")
+    draft = load_feature_draft(target, head_tokens=8192, int8=True)
+    if args.target_quant == "int8":
+        models.quantize_target_int8(target)
+    tok, cfg, prompts = demo_prompts(args.prompts)
+
+    def method(rule: str, gamma: int):
+        return lambda p, kw: E.generate(target, FeatureDrafter(draft), p, rule=rule,
+                                        gamma=gamma, **kw)
+
+    groups = [[(f"gamma={g} {rule}", method(rule, g)) for rule in args.rules.split(",")]
+              for g in map(int, args.gammas.split(","))]
+    tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
+                       eos_token_id=tok.eos_token_id)
+    print(f"feature draft (int8, 8192-token head, s = {draft.logit_scale:g}), target bf16"
+          f"{' + int8 weights' if args.target_quant == 'int8' else ''}, {len(prompts)} prompts"
+          f" x {args.max_new_tokens} tokens, {args.threads} thread(s)")
+    print_table(tot, "method", 16)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
