@@ -489,10 +489,10 @@ def quantize_target_int8(target):
     Why: on a CPU without native bf16 arithmetic (AVX2 only, e.g. the AMD EPYC of
     2026-12-03/04), a bf16 or float32 product of a few rows costs about twice the one-row
     product (``docs/RESULTS.md``, stop 16), so parallel verification is not free and no rule
-    beats plain sampling; the int8 kernel reads half the bytes and scores 1-3 tokens for the
-    price of one. This is another target: its next-token laws are at TV about 0.04 from the
-    float32 target's on the demo's text, bf16's at about 0.015
-    (``benchmarks/bench_target_quant.py``); the engine is lossless for whatever
+    beats plain sampling; the int8 kernel reads half the bytes and scores 2 tokens for about
+    the price of one and 3 for 1.1-1.4 times it (stops 16-17). This is another target: its
+    next-token laws are at TV about 0.04 from the float32 target's on the demo's text, bf16's
+    at about 0.015 (``benchmarks/bench_target_quant.py``); the engine is lossless for whatever
     target it runs, and ``coupling demo --target-quant int8`` runs autoregressive sampling,
     Hugging Face assisted generation and every rule on this same quantized target.
 
