@@ -85,9 +85,11 @@ def smooth_quant(model, calib, alpha: float):
     for h in hooks:
         h.remove()
 
-    def scales(x, *weights):                     # [in] from the inputs' and weights' maxima
-        w = torch.stack([wt.abs().amax(0) for wt in weights]).amax(0)
+    def smoothing(x, w):                         # s from the inputs' and weights' maxima
         return x.clamp_min(1e-5) ** alpha / w.clamp_min(1e-5) ** (1 - alpha)
+
+    def scales(x, *weights):                     # [in]: one s for projections sharing x
+        return smoothing(x, torch.stack([wt.abs().amax(0) for wt in weights]).amax(0))
 
     cfg = model.config
     hd = cfg.hidden_size // cfg.num_attention_heads
@@ -110,7 +112,7 @@ def smooth_quant(model, calib, alpha: float):
             # o_proj's input channel (head h, dim d) is a mix of v rows (kv head h // group, d)
             x = amax[pre + "self_attn.o_proj"].reshape(-1, group, hd).amax(1)
             w = at.o_proj.weight.abs().amax(0).reshape(-1, group, hd).amax(1)
-            s = x.clamp_min(1e-5) ** alpha / w.clamp_min(1e-5) ** (1 - alpha)   # [kv heads, hd]
+            s = smoothing(x, w)                                                # [kv heads, hd]
             at.v_proj.weight.div_(s.reshape(-1)[:, None])
             at.o_proj.weight.mul_(s[:, None, :].expand(-1, group, -1).reshape(-1))
     return model
@@ -141,10 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     targets = {"bf16": models.load_target("bfloat16"), "float32": models.load_target("float32"),
                "bf16 + int8 weights": models.quantize_target_int8(models.load_target("bfloat16"))}
     if args.dynamic:
-        calib = [E.autoregressive(targets["float32"], p, max_new_tokens=64, cfg=cfg, seed=i)
-                 for i, p in enumerate(models.chat_prompt(tok, t)
-                                       for t in demo.load_prompts()[4:8])]
-        calib = [torch.tensor([r.tokens]) for r in calib]
+        calib = []
+        for i, text in enumerate(demo.load_prompts()[4:8]):
+            p = models.chat_prompt(tok, text)
+            r = E.autoregressive(targets["float32"], p, max_new_tokens=64, cfg=cfg, seed=i)
+            calib.append(torch.tensor([p + r.tokens]))     # prompt and answer, as served
         targets["float32, dynamic int8"] = dynamic_int8(models.load_target("float32"))
         targets[f"  + SmoothQuant a={args.smooth_alpha:g}"] = dynamic_int8(
             smooth_quant(models.load_target("float32"), calib, args.smooth_alpha))
