@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     tok, cfg, prompts = demo_prompts(args.prompts)
-    draft = load_feature_draft(target, head_tokens=8192, int8=True)
+    draft = load_feature_draft(target, head_tokens=models.DRAFT_HEAD_TOKENS, int8=True)
 
     def method(impl: str, rule: str, k: int):
         def run(p, kw):
@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
                for rule, k in (("block", 1), ("rrs", 2))] for impl in IMPLS]
     tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
                        eos_token_id=tok.eos_token_id)
-    print(f"\nfeature draft (int8, 8192-token head, s = {draft.logit_scale:g}), gamma = 2, "
+    print(f"\nfeature draft (int8, {models.DRAFT_HEAD_TOKENS}-token head, "
+          f"s = {draft.logit_scale:g}), gamma = 2, "
           f"{len(prompts)} prompts x {args.max_new_tokens} tokens")
     print_table(tot, "method", 24)
     return 0

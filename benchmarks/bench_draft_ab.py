@@ -1,19 +1,23 @@
 #!/usr/bin/env python
-"""Same-process A/B of feature-draft variants: weights files x logit scales, against
-autoregressive sampling measured in the same process.
+"""Same-process A/B of feature-draft variants: weights files x logit scales x head sizes,
+against autoregressive sampling measured in the same process.
 
 For each demo prompt (``coupling/data/prompts.json``, 96 new tokens, the demo's sampling
 settings, seed = prompt index): plain autoregressive sampling, then token and block
-verification (gamma = 2) with every variant, int8 weights and the 8192-token head as the demo
-runs them. The variants' order rotates from prompt to prompt, so a machine that speeds up or
-slows down during a prompt does not favour one variant. Printed per variant and rule: block
-efficiency (tokens per target call), tokens/s and the ratio to autoregressive, and per step
+verification (``--gamma``, default 2) with every variant, int8 weights as the demo runs them
+and each ``--head-tokens`` size of the head's token subset (default the demo's,
+``models.DRAFT_HEAD_TOKENS``). The variants' order rotates from prompt to prompt, so a machine
+that speeds up or slows down during a prompt does not favour one variant. Printed per variant
+and rule: block efficiency (tokens per target call), tokens/s and the ratio to autoregressive,
+and per step
 the target call, the draft's calls and everything else (laws, rule, sampling, bookkeeping).
 
 Usage::
 
     python benchmarks/bench_draft_ab.py                                  # shipped, s = stored vs 1
     python benchmarks/bench_draft_ab.py --weights A.safetensors --weights B.safetensors
+    python benchmarks/bench_draft_ab.py --scales stored --head-tokens 8192,4096 --gamma 1 \
+        --rules token --target-quant int8 --threads 2
 """
 
 from __future__ import annotations
@@ -40,6 +44,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--scales", type=str, default="stored,1",
                     help="comma-separated logit scales per weights file; 'stored' = its own")
     ap.add_argument("--rules", type=str, default="token,block")
+    ap.add_argument("--head-tokens", type=str, default=None,
+                    help="comma-separated sizes of the draft head's token subset "
+                         "(default models.DRAFT_HEAD_TOKENS)")
+    ap.add_argument("--gamma", type=int, default=2)
+    ap.add_argument("--target-quant", choices=("none", "int8"), default="none")
     add_run_args(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -49,17 +58,20 @@ def main(argv: list[str] | None = None) -> int:
     variants = {}
     for path in args.weights or [FEATURE_DRAFT_WEIGHTS]:
         for s in args.scales.split(","):
-            scale = None if s == "stored" else float(s)
-            d = load_feature_draft(target, path, head_tokens=8192, int8=True, logit_scale=scale)
-            variants[f"{path.name} s={d.logit_scale:g}"] = d
+            for h in map(int, (args.head_tokens or str(models.DRAFT_HEAD_TOKENS)).split(",")):
+                scale = None if s == "stored" else float(s)
+                d = load_feature_draft(target, path, head_tokens=h, int8=True, logit_scale=scale)
+                variants[f"{path.name} s={d.logit_scale:g} head={h}"] = d
+    if args.target_quant == "int8":
+        models.quantize_target_int8(target)     # after the drafts took the shared tensors
     rules = args.rules.split(",")
     groups = [[(f"{name} {rule}",
                 lambda p, kw, d=variants[name], rule=rule: E.generate(
-                    target, FeatureDrafter(d), p, rule=rule, gamma=2, **kw))
+                    target, FeatureDrafter(d), p, rule=rule, gamma=args.gamma, **kw))
                for rule in rules] for name in variants]
     tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
                        eos_token_id=tok.eos_token_id)
-    print_table(tot, "variant", 44)
+    print_table(tot, "variant", 55)
     return 0
 
 

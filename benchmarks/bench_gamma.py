@@ -12,8 +12,9 @@ best gamma is where the two meet, and it moves from machine to machine; Leviatha
 For each demo prompt (``coupling/data/prompts.json``, 96 new tokens, the demo's sampling
 settings, seed = prompt index): plain autoregressive sampling, then every (gamma, rule), the
 gammas' order rotated from prompt to prompt. The feature draft runs as the demo runs it (int8,
-8192-token head, its calibrated logit scale); ``--target-quant int8`` quantizes the target
-after the draft took its shared tensors, as ``coupling demo --target-quant int8`` does.
+the head subset ``models.DRAFT_HEAD_TOKENS``, its calibrated logit scale); ``--target-quant
+int8`` quantizes the target after the draft took its shared tensors, as ``coupling demo
+--target-quant int8`` does.
 
 Usage::
 
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
 
     target = models.load_target("bfloat16")
-    draft = load_feature_draft(target, head_tokens=8192, int8=True)
+    draft = load_feature_draft(target, head_tokens=models.DRAFT_HEAD_TOKENS, int8=True)
     if args.target_quant == "int8":
         models.quantize_target_int8(target)
     tok, cfg, prompts = demo_prompts(args.prompts)
@@ -60,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
               for g in map(int, args.gammas.split(","))]
     tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
                        eos_token_id=tok.eos_token_id)
-    print(f"feature draft (int8, 8192-token head, s = {draft.logit_scale:g}), target bf16"
+    print(f"feature draft (int8, {models.DRAFT_HEAD_TOKENS}-token head, "
+          f"s = {draft.logit_scale:g}), target bf16"
           f"{' + int8 weights' if args.target_quant == 'int8' else ''}, {len(prompts)} prompts"
           f" x {args.max_new_tokens} tokens, {args.threads} thread(s)")
     print_table(tot, "method", 16)

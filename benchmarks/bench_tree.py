@@ -5,11 +5,12 @@ single-draft block verification measured in the same process as baselines.
 
 For each demo prompt (``coupling/data/prompts.json``, 96 new tokens, the demo's sampling
 settings, seed = prompt index): plain autoregressive sampling, block verification, then each
-``rule:k`` with tree attention and as a batch, all with the shipped feature draft (int8,
-8192-token head, its calibrated logit scale) at gamma = 2. The methods' order rotates from
-prompt to prompt. Both layouts run the same rule on the same drafts from the same generator;
-their p differ only by bfloat16 rounding, so their block efficiencies agree up to the rare
-decision that rounding flips, and the time per target call is what the layout changes.
+``rule:k`` with tree attention and as a batch, all with the shipped feature draft (int8, the
+demo's head subset ``models.DRAFT_HEAD_TOKENS``, its calibrated logit scale) at gamma = 2. The
+methods' order rotates from prompt to prompt. Both layouts run the same rule on the same drafts
+from the same generator; their p differ only by bfloat16 rounding, so their block efficiencies
+agree up to the rare decision that rounding flips, and the time per target call is what the
+layout changes.
 
 Usage::
 
@@ -44,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
 
     target = models.load_target("bfloat16")
     tok, cfg, prompts = demo_prompts(args.prompts)
-    draft = load_feature_draft(target, head_tokens=8192, int8=True)
+    draft = load_feature_draft(target, head_tokens=models.DRAFT_HEAD_TOKENS, int8=True)
     def method(rule: str, k: int, tree: bool):
         return lambda p, kw: E.generate(target, FeatureDrafter(draft), p, rule=rule,
                                         gamma=args.gamma, k=k, tree_attention=tree, **kw)
@@ -57,9 +58,9 @@ def main(argv: list[str] | None = None) -> int:
                             method(rule, int(k), tree))])
     tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
                        eos_token_id=tok.eos_token_id)
-    print(f"feature draft (int8, 8192-token head, s = {draft.logit_scale:g}), gamma = "
-          f"{args.gamma}, {len(prompts)} prompts x {args.max_new_tokens} tokens, "
-          f"{args.threads} thread(s)")
+    print(f"feature draft (int8, {models.DRAFT_HEAD_TOKENS}-token head, "
+          f"s = {draft.logit_scale:g}), gamma = {args.gamma}, {len(prompts)} prompts x "
+          f"{args.max_new_tokens} tokens, {args.threads} thread(s)")
     print_table(tot, "method", 22)
     return 0
 

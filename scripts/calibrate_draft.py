@@ -16,8 +16,9 @@ stored top-K since top-k <= K), and picks the ``s`` of highest overlap at drafte
 where the token rule accepts or rejects most blocks. ``--write`` stores it in the weights file
 (a float64 tensor ``logit_scale``) and the sidecar; loaders apply it from then on.
 
-The draft is evaluated as the demo runs it (``--head-tokens 8192``, weight-only int8 unless
-``--draft-quant none``), uncalibrated (``logit_scale=1.0``) whatever the file holds.
+The draft is evaluated as the demo runs it (``--head-tokens`` ``models.DRAFT_HEAD_TOKENS``,
+weight-only int8 unless ``--draft-quant none``), uncalibrated (``logit_scale=1.0``) whatever
+the file holds.
 
 Usage: ``python scripts/calibrate_draft.py --draft feature|token [--corpus PATH ...]
 [--sequences 80] [--write]``
@@ -69,7 +70,7 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--top-k", type=int, default=50)
     ap.add_argument("--top-p", type=float, default=0.95)
-    ap.add_argument("--head-tokens", type=int, default=8192)
+    ap.add_argument("--head-tokens", type=int, default=models.DRAFT_HEAD_TOKENS)
     ap.add_argument("--draft-quant", choices=("int8", "none"), default="int8")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--write", action="store_true", help="store the fitted scale in the weights")

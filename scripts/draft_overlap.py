@@ -83,10 +83,11 @@ def main(argv=None) -> int:
 
     target = models.load_target("bfloat16")
     tok = models.load_tokenizer()
-    token_draft = models.load_draft(target, head_tokens=8192, logit_scale=args.logit_scale)
+    head = models.DRAFT_HEAD_TOKENS
+    token_draft = models.load_draft(target, head_tokens=head, logit_scale=args.logit_scale)
     if args.int8:
         models.quantize_draft_int8(token_draft)
-    feature_draft = FD.load_feature_draft(target, head_tokens=8192, int8=args.int8,
+    feature_draft = FD.load_feature_draft(target, head_tokens=head, int8=args.int8,
                                           logit_scale=args.logit_scale)
     print(f"logit scales: token-level draft {token_draft.coupling_logit_scale:g}, "
           f"feature draft {feature_draft.logit_scale:g}")

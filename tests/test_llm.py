@@ -189,6 +189,30 @@ def test_compressed_decisions_equal_full_vocabulary_decisions(seed, rule_k, g, t
     assert got[0] == got[1]
 
 
+@given(st.integers(0, 2**31 - 1), st.sampled_from(["token", "block"]), st.integers(1, 4),
+       st.integers(0, 10**6))
+@settings(max_examples=100, deadline=None)
+def test_decide_draws_the_backends_own_coins(seed, rule, g, position):
+    """For token and block the adapter computes the keyed coins in Python floats
+    (rng.unit_floats) and hands them to the backend: its verdict is the backend's own, called
+    with no override (the coins then come from the backend's tensor path)."""
+    from coupling import torch_backend as tb
+
+    gen = torch.Generator().manual_seed(seed)
+    V = 40
+    cfg = SamplingConfig(1.0, top_k=8)
+    p = probs(torch.randn(g + 1, V, generator=gen, dtype=torch.float64) * 2, cfg).float()[None]
+    q = probs(torch.randn(g, V, generator=gen, dtype=torch.float64) * 2, cfg).float()[None]
+    drafts = torch.multinomial(q[0], 1, generator=gen).T                  # [1, g]
+    v = tb.verify(rule, drafts[None], p[None], q[None], seeds=torch.tensor([seed % 97]),
+                  positions=torch.tensor([position]))
+    m = int(v.accepted[0])
+    want = (m, 0, v.tokens[0, : m + 1].tolist())
+    for compress in (True, False):
+        assert rules_adapter.decide(rule, drafts, q, p, seed % 97, position,
+                                    compress=compress) == want
+
+
 def test_compressed_decide_refuses_a_draft_outside_both_supports():
     p = torch.tensor([[[0.5, 0.5, 0.0, 0.0], [0.25, 0.25, 0.5, 0.0]]])
     q = torch.tensor([[[0.0, 1.0, 0.0, 0.0]]])
@@ -770,6 +794,48 @@ def test_pair_cache_lean_layer_matches_the_hugging_face_body(pair):
         assert c.get_seq_length() == 12
     with pytest.raises(ValueError, match="negative"):
         c.crop(2)
+
+
+def test_lean_layer_stacked_int8_projections_are_bit_identical(pair):
+    """FeatureDraft.quantize_int8 stacks q/k/v and gate/up into one int8 matrix each for the
+    lean path (per-row scales: the stacked rows quantize as they do apart); the features are
+    those of the seven separate int8 projections, bit for bit."""
+    target, _ = pair
+    torch.manual_seed(5)
+    draft = FD.FeatureDraft(target).eval()
+    with torch.no_grad():
+        draft.fc.weight.normal_(0, 0.3)
+    draft.quantize_int8()
+    assert draft.fused is not None and draft.fused_sizes == [
+        m.out_features for m in (draft.body.layers[0].self_attn.q_proj,
+                                 draft.body.layers[0].self_attn.k_proj,
+                                 draft.body.layers[0].self_attn.v_proj)]
+    ids, f = torch.randint(0, V, (1, 9)), torch.randn(1, 9, 16)
+    outs = []
+    for fused in (draft.fused, None):
+        draft.fused = fused
+        c = FD.PairCache()
+        with torch.no_grad():
+            outs.append(torch.cat([draft.features(ids[:, :6], f[:, :6], c)]
+                                  + [draft.features(ids[:, i:i + 1], f[:, i:i + 1], c)
+                                     for i in range(6, 9)], 1))
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_rrs_without_replacement_drafts_fewer_branches_from_a_peaked_law(pair):
+    """k distinct first tokens need k tokens of positive draft mass: a point-mass q (a
+    top-p cut to one token; here top-k 1) drafts fewer branches instead of failing, and the
+    engine and its prediction follow the branches actually drafted."""
+    q1 = torch.zeros(1, 6)
+    q1[0, 4] = 1.0
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    drafts, q = E.sample_chain(q1, None, rows.append, 1, 3, gen, distinct_first=True)
+    assert drafts.tolist() == [[4]] and q.shape == (1, 1, 6) and rows == [1]
+    target, draft = pair
+    r = E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=12, rule="rrs_wor",
+                   gamma=2, k=2, cfg=SamplingConfig(1.0, top_k=1), seed=1, predict=True)
+    assert len(r.tokens) == 12 and all(s.predicted >= 1.0 for s in r.steps)
 
 
 def test_draft_sampler_never_returns_zero_probability_tokens_and_has_the_right_law():

@@ -78,13 +78,14 @@ def real32():
 @pytest.fixture(scope="module")
 def draft_int8(real):
     """The token-level draft as the demo runs it (for the engine and HF assisted alike)."""
-    return models.quantize_draft_int8(models.load_draft(real[0], head_tokens=8192))
+    return models.quantize_draft_int8(
+        models.load_draft(real[0], head_tokens=models.DRAFT_HEAD_TOKENS))
 
 
 @pytest.fixture(scope="module")
 def feature(real):
-    """The feature draft as the demo runs it: 8192-token head, weight-only int8."""
-    return FD.load_feature_draft(real[0], head_tokens=8192, int8=True)
+    """The feature draft as the demo runs it: the demo's head subset, weight-only int8."""
+    return FD.load_feature_draft(real[0], head_tokens=models.DRAFT_HEAD_TOKENS, int8=True)
 
 
 def test_feature_draft_file_is_small_and_shares_the_target_tensors(real, feature):
@@ -93,7 +94,8 @@ def test_feature_draft_file_is_small_and_shares_the_target_tensors(real, feature
     shared = target.model.embed_tokens.weight.data_ptr()
     assert feature.body.embed_tokens.weight.data_ptr() == shared
     assert feature.body.norm.weight.data_ptr() == target.model.norm.weight.data_ptr()
-    assert isinstance(feature.head, models.SubsetHead) and feature.head.weight.shape[0] == 8192
+    assert isinstance(feature.head, models.SubsetHead)
+    assert feature.head.weight.shape[0] == models.DRAFT_HEAD_TOKENS
     assert sum(v.numel() for v in feature.own_state_dict().values()) < 5e6
     with pytest.raises(RuntimeError, match="bind"):
         FD.FeatureDrafter(feature).propose([1, 2, 3], 2, 1, SamplingConfig(), torch.Generator())

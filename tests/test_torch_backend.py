@@ -256,6 +256,22 @@ def test_small_key_prefixes_hash_like_the_tensor_path(seeds, positions, stream, 
         assert a.shape == b.shape and torch.equal(a, b)
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.integers(-(2**63), 2**63 - 1), st.integers(-(2**63), 2**63 - 1), st.integers(0, 3),
+       st.lists(st.integers(0, 2**40), min_size=0, max_size=6))
+def test_unit_floats_are_the_keyed_uniforms_bit_for_bit(seed, position, stream, counters):
+    """rng.unit_floats (one request's coins in Python floats, what the engine's adapter hands
+    the token and block rules) returns the tensor path's uniforms exactly."""
+    got = rng_mod.unit_floats(seed, position, stream, counters)
+    want = keyed_uniforms(torch.tensor(seed), torch.tensor(position), stream,
+                          torch.tensor(counters, dtype=torch.int64)).tolist()
+    assert got == want
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rng_mod, "SMALL_PREFIX", 0)         # the all-tensor hash, too
+        assert got == keyed_uniforms(torch.tensor(seed), torch.tensor(position), stream,
+                                     torch.tensor(counters, dtype=torch.int64)).tolist()
+
+
 def test_uniforms_are_keyed_by_seed_position_stream():
     seeds = torch.tensor([3, 3, 9, 3])
     pos = torch.tensor([10, 11, 10, 10])

@@ -84,7 +84,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--methods", type=str, default=None,
                     help="comma-separated subset of: " + ",".join(m.label for m in FULL))
-    ap.add_argument("--draft-head", type=int, default=8192,
+    # models.DRAFT_HEAD_TOKENS (not imported here: the parser must not pull in torch)
+    ap.add_argument("--draft-head", type=int, default=4096,
                     help="restrict the draft's LM head to its n most likely tokens (0: full head)")
     ap.add_argument("--draft-quant", choices=("int8", "none"), default="int8",
                     help="both drafts' own weights and head weight-only int8 (a draft step is "

@@ -425,14 +425,16 @@ def sample_chain(q1: torch.Tensor, step, expand, gamma: int, k: int, gen: torch.
     first tokens without replacement (``distinct_first``), or Gumbel argmaxes from the
     backend's shared noise at ``gumbel=(seed, position)`` (single branch).
     """
+    if distinct_first:
+        # k distinct tokens need k tokens of positive mass: a peaked q (top-p keeps one token)
+        # gets fewer branches, each still a distinct draw by successive sampling
+        k = min(k, int((q1 > 0).sum()))
     qs = [q1.expand(k, -1)]
     if gumbel is not None:
         if k != 1:
             raise ValueError("gumbel drafting is single-branch (k=1)")
         x = _gumbel_draft(q1, gumbel[0], gumbel[1])
     elif distinct_first:
-        if int((q1 > 0).sum()) < k:
-            raise ValueError(f"q has fewer than k={k} tokens in its support; lower k or top-k")
         x = torch.multinomial(q1[0], k, replacement=False, generator=gen)
     else:
         x = _sample_rows(q1.expand(k, -1).contiguous(), gen)
@@ -637,7 +639,7 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
 
                 t_pred = time.perf_counter()
 
-                rec.beta = P.step_beta(rule, drafts, q, p, c, k, replacement)
+                rec.beta = P.step_beta(rule, drafts, q, p, c, drafts.shape[0], replacement)
                 rec.predicted = P.predicted_block_efficiency(rule, rec.beta)
                 if rule == "token":
                     rec.conditional = P.conditional_token(drafts, q, p, c)

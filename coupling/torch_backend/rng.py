@@ -47,6 +47,7 @@ __all__ = [
     "keyed_hash",
     "keyed_uniforms",
     "uniforms",
+    "unit_floats",
     "gumbel_noise",
 ]
 
@@ -153,6 +154,21 @@ def keyed_hash(
         shape, hs = small
         return torch.tensor([_signed(h) for h in hs], dtype=torch.int64).view(shape)
     return _mix(_key_prefix(seed, position, stream) ^ (counter + _GOLDEN))
+
+
+def unit_floats(seed: int, position: int, stream: int, counters) -> list[float]:
+    """``[U(seed, position, stream, j) for j in counters]`` for one request, in Python floats.
+
+    The bits of :func:`keyed_uniforms` (the same uint64 hash in Python integers, the same
+    rounding to the 2**-53 grid) with no tensor at all: a caller verifying one request on a
+    CPU (``coupling.llm.rules_adapter.decide``) needs a handful of uniforms, and the tensor
+    path's argument handling costs ~30 small ops, a tenth of a verification call there.
+    """
+    g = _GOLDEN_U
+    prefix = _mix_int(_mix_int(_mix_int((int(seed) + g) & _U64) ^ ((int(position) + g) & _U64))
+                      ^ ((int(stream) + g) & _U64))
+    return [((_mix_int(prefix ^ ((int(j) + g) & _U64)) >> 11) + 0.5) * 2.0**-53
+            for j in counters]
 
 
 def _keyed_unit(seed, position, stream, counter) -> torch.Tensor:
