@@ -18,8 +18,11 @@ A gap between the two measures how far the drafts generalise beyond their traini
 Both drafts run with the calibrated logit scales stored with their weights
 (``scripts/calibrate_draft.py``) unless ``--logit-scale`` overrides them.
 
+``--head-tokens 2048,4096,8192`` reports each size of the drafts' head subset (the demo runs
+``models.DRAFT_HEAD_TOKENS``) on the same texts.
+
 Usage: ``python scripts/draft_overlap.py [--prompts 8] [--tokens 96] [--corpus PATH --n 16]
-[--int8] [--logit-scale 1]``
+[--int8] [--logit-scale 1] [--head-tokens 4096,8192]``
 """
 
 from __future__ import annotations
@@ -78,17 +81,25 @@ def main(argv=None) -> int:
     ap.add_argument("--logit-scale", type=float, default=None,
                     help="run both drafts with this logit scale instead of their calibrated "
                          "ones (1: uncalibrated)")
+    ap.add_argument("--head-tokens", type=str, default=None,
+                    help="comma-separated sizes of the drafts' head subsets, each reported "
+                         "(default models.DRAFT_HEAD_TOKENS, the demo's; 0: the full head)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     target = models.load_target("bfloat16")
     tok = models.load_tokenizer()
-    head = models.DRAFT_HEAD_TOKENS
-    token_draft = models.load_draft(target, head_tokens=head, logit_scale=args.logit_scale)
-    if args.int8:
-        models.quantize_draft_int8(token_draft)
-    feature_draft = FD.load_feature_draft(target, head_tokens=head, int8=args.int8,
-                                          logit_scale=args.logit_scale)
+
+    def drafts(head: int):
+        token_draft = models.load_draft(target, head_tokens=head, logit_scale=args.logit_scale)
+        if args.int8:
+            models.quantize_draft_int8(token_draft)
+        feature_draft = FD.load_feature_draft(target, head_tokens=head, int8=args.int8,
+                                              logit_scale=args.logit_scale)
+        return token_draft, feature_draft
+
+    heads = [int(h) for h in (args.head_tokens or str(models.DRAFT_HEAD_TOKENS)).split(",")]
+    token_draft, feature_draft = drafts(heads[0])
     print(f"logit scales: token-level draft {token_draft.coupling_logit_scale:g}, "
           f"feature draft {feature_draft.logit_scale:g}")
     texts = []
@@ -97,11 +108,15 @@ def main(argv=None) -> int:
         res = E.autoregressive(target, prompt, max_new_tokens=args.tokens, cfg=CFGS["demo"],
                                seed=j)
         texts.append((torch.tensor(prompt + res.tokens), len(prompt)))
-    report("demo prompts", target, token_draft, feature_draft, texts)
-    for path in args.corpus:
-        data = torch.load(path)[: args.n]
-        report(f"corpus {path.name}", target, token_draft, feature_draft,
-               [(s["ids"], s["n_prompt"]) for s in data])
+    corpora = [(path, torch.load(path)[: args.n]) for path in args.corpus]
+    for i, head in enumerate(heads):
+        if i:
+            token_draft, feature_draft = drafts(head)
+        tag = f"head {head or 'full'}: "
+        report(tag + "demo prompts", target, token_draft, feature_draft, texts)
+        for path, data in corpora:
+            report(f"{tag}corpus {path.name}", target, token_draft, feature_draft,
+                   [(s["ids"], s["n_prompt"]) for s in data])
     return 0
 
 
