@@ -162,7 +162,8 @@ def unit_floats(seed: int, position: int, stream: int, counters) -> list[float]:
     The bits of :func:`keyed_uniforms` (the same uint64 hash in Python integers, the same
     rounding to the 2**-53 grid) with no tensor at all: a caller verifying one request on a
     CPU (``coupling.llm.rules_adapter.decide``) needs a handful of uniforms, and the tensor
-    path's argument handling costs ~30 small ops, a tenth of a verification call there.
+    path's argument handling costs ~30 small ops per stream there, each paying for the caches
+    a target call has just cleared.
     """
     g = _GOLDEN_U
     prefix = _mix_int(_mix_int(_mix_int((int(seed) + g) & _U64) ^ ((int(position) + g) & _U64))
