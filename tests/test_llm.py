@@ -192,11 +192,11 @@ def test_compressed_decisions_equal_full_vocabulary_decisions(seed, rule_k, g, t
 @given(st.integers(0, 2**31 - 1), st.sampled_from(["token", "block"]), st.integers(1, 4),
        st.integers(0, 10**6))
 @settings(max_examples=100, deadline=None)
-def test_decide_draws_the_backends_own_coins(seed, rule, g, position):
-    """For token and block the adapter computes the keyed coins in Python floats
-    (rng.unit_floats) and hands them to the backend: its verdict is the backend's own, called
-    with no override (the coins then come from the backend's tensor path)."""
+def test_decide_verdicts_do_not_depend_on_the_coin_path(seed, rule, g, position):
+    """One request's coins are hashed in Python floats (rng.unit_floats); the adapter's
+    verdicts equal the backend's with every coin from its tensor path (SMALL_PREFIX = 0)."""
     from coupling import torch_backend as tb
+    from coupling.torch_backend import rng
 
     gen = torch.Generator().manual_seed(seed)
     V = 40
@@ -204,8 +204,10 @@ def test_decide_draws_the_backends_own_coins(seed, rule, g, position):
     p = probs(torch.randn(g + 1, V, generator=gen, dtype=torch.float64) * 2, cfg).float()[None]
     q = probs(torch.randn(g, V, generator=gen, dtype=torch.float64) * 2, cfg).float()[None]
     drafts = torch.multinomial(q[0], 1, generator=gen).T                  # [1, g]
-    v = tb.verify(rule, drafts[None], p[None], q[None], seeds=torch.tensor([seed % 97]),
-                  positions=torch.tensor([position]))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rng, "SMALL_PREFIX", 0)
+        v = tb.verify(rule, drafts[None], p[None], q[None], seeds=torch.tensor([seed % 97]),
+                      positions=torch.tensor([position]))
     m = int(v.accepted[0])
     want = (m, 0, v.tokens[0, : m + 1].tolist())
     for compress in (True, False):

@@ -37,7 +37,13 @@ from coupling.torch_backend import (
     verify,
 )
 from coupling.torch_backend import rng as rng_mod
-from coupling.torch_backend._common import accept_uniforms, assemble, sample_rows, sample_uniforms
+from coupling.torch_backend._common import (
+    accept_uniforms,
+    assemble,
+    coin_uniforms,
+    sample_rows,
+    sample_uniforms,
+)
 from coupling.torch_backend.chain import (
     block_accepted,
     block_weights,
@@ -238,15 +244,19 @@ def test_keyed_hash_matches_pure_python_uint64(small_prefix, monkeypatch):
        st.integers(0, 3), st.integers(1, 5))
 def test_small_key_prefixes_hash_like_the_tensor_path(seeds, positions, stream, n):
     """The Python-integer keys and prefixes (few keys on a CPU) give the tensor path's bits,
-    for hashes, uniforms, coins and Gumbel noise, in every broadcast shape the rules use."""
+    for hashes, uniforms, acceptance coins, residual draws and Gumbel noise, in every broadcast
+    shape the rules use."""
     s = torch.tensor(seeds).view(-1, 1, 1)
     t = torch.tensor(positions).view(1, -1, 1)
     j = torch.arange(n).view(1, 1, -1)
 
     def draw():
+        s1, t1 = s[:, 0, 0], t[0, :1, 0].expand(s.shape[0])
         return (keyed_hash(s, t, stream, j), keyed_uniforms(s, t, stream, j),
-                uniforms(s[:, 0, 0], t[0, :1, 0].expand(s.shape[0]), n, stream=stream),
-                gumbel_noise(s[:, :, 0], t[:, :, 0], 50, tokens=torch.tensor([0, 7, 49])))
+                uniforms(s1, t1, n, stream=stream),
+                gumbel_noise(s[:, :, 0], t[:, :, 0], 50, tokens=torch.tensor([0, 7, 49])),
+                coin_uniforms(s1, t1, n, 2), coin_uniforms(s1, t1, 0, 1),
+                sample_uniforms(s1, t1, n))
 
     fast = draw()
     with pytest.MonkeyPatch.context() as mp:

@@ -66,8 +66,6 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
     passes over V then cost next to nothing, and gumbel skips hashing V entries per position.
     """
     from coupling import torch_backend as tb
-    from coupling.torch_backend._common import MAX_DRAFTS
-    from coupling.torch_backend.rng import STREAM_ACCEPT, STREAM_SAMPLE, unit_floats
 
     name = "rrs" if rule == "rrs_wor" else rule
     kwargs = {}
@@ -88,15 +86,6 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
                 torch.tensor(seed, device=p.device),
                 position + torch.arange(g + 1, device=p.device), V, tokens=idx,
                 dtype=torch.float64, device=p.device)[None]                    # [1, g+1, U]
-    if name in ("token", "block") and drafts.device.type == "cpu":
-        # the backend's keyed uniforms, computed in Python floats (rng.unit_floats): the same
-        # numbers as its tensor path, without ~60 small tensor ops for one request's few coins
-        g = drafts.shape[1]
-        kwargs["accept_u"] = torch.tensor(
-            [unit_floats(seed, position, STREAM_ACCEPT, range(0, g * MAX_DRAFTS, MAX_DRAFTS))],
-            dtype=torch.float64)
-        kwargs["sample_u"] = torch.tensor(
-            [unit_floats(seed, position, STREAM_SAMPLE, range(g + 1))], dtype=torch.float64)
     verdict = tb.verify(name, drafts[None], p[None], q[None],
                         seeds=torch.tensor([seed], device=drafts.device),
                         positions=torch.tensor([position], device=drafts.device), **kwargs)

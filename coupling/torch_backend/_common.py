@@ -7,7 +7,8 @@ from typing import NamedTuple
 
 import torch
 
-from .rng import STREAM_ACCEPT, STREAM_SAMPLE, keyed_uniforms, uniforms
+from . import rng
+from .rng import STREAM_ACCEPT, STREAM_SAMPLE, keyed_uniforms, uniforms, unit_floats
 
 __all__ = [
     "Verdict",
@@ -190,6 +191,13 @@ def coin_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int, k: int) 
     seeds = torch.as_tensor(seeds, dtype=torch.int64)
     positions = torch.as_tensor(positions, dtype=torch.int64, device=seeds.device)
     positions = positions.expand(seeds.shape)
+    if seeds.device.type == "cpu" and seeds.numel() * g * k <= rng.SMALL_PREFIX:
+        # a few coins (one request's call): hashed in Python floats, the same bits
+        keys = zip(seeds.reshape(-1).tolist(), positions.reshape(-1).tolist(), strict=True)
+        return torch.tensor(
+            [[unit_floats(s, t, STREAM_ACCEPT, range(i * MAX_DRAFTS, i * MAX_DRAFTS + k))
+              for i in range(g)] for s, t in keys],
+            dtype=torch.float64).view(seeds.numel(), g, k)
     i = torch.arange(g, device=seeds.device, dtype=torch.int64).view(1, g, 1)
     j = torch.arange(k, device=seeds.device, dtype=torch.int64).view(1, 1, k)
     return keyed_uniforms(
@@ -205,6 +213,15 @@ def accept_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int) -> tor
 def sample_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int) -> torch.Tensor:
     """``[B, g+1]`` float64: ``U(seed, t, STREAM_SAMPLE, n)``, the draw of the token emitted
     at offset ``n``."""
+    small = (isinstance(seeds, torch.Tensor) and isinstance(positions, torch.Tensor)
+             and seeds.dtype == positions.dtype == torch.int64 and seeds.device.type == "cpu"
+             and seeds.numel() * (g + 1) <= rng.SMALL_PREFIX)
+    if small:
+        # a few draws (one request's call): hashed in Python floats, the same bits
+        keys = zip(seeds.reshape(-1).tolist(),
+                   positions.expand(seeds.shape).reshape(-1).tolist(), strict=True)
+        return torch.tensor([unit_floats(s, t, STREAM_SAMPLE, range(g + 1)) for s, t in keys],
+                            dtype=torch.float64).view(seeds.numel(), g + 1)
     return uniforms(seeds, positions, g + 1, stream=STREAM_SAMPLE)
 
 

@@ -102,6 +102,25 @@ def _mix_int(z: int) -> int:
     return z ^ (z >> 31)
 
 
+def _prefix_int(seed: int, position: int, stream: int) -> int:
+    """``m(m(m(s + g) ^ (t + g)) ^ (c + g))`` in Python integers (uint64)."""
+    g = _GOLDEN_U
+    return _mix_int(_mix_int(_mix_int((seed + g) & _U64) ^ ((position + g) & _U64))
+                    ^ ((stream + g) & _U64))
+
+
+def _hash_int(prefix: int, counter: int) -> int:
+    """The whole key's hash from its prefix's, ``m(prefix ^ (j + g))`` (uint64)."""
+    return _mix_int(prefix ^ ((counter + _GOLDEN_U) & _U64))
+
+
+def _unit_int(h: int) -> float:
+    """:func:`_to_unit` on one uint64 hash: the top 53 bits, centred in their cell (the same
+    float: ``h >> 11 < 2**53`` is exact, the ``+ 0.5`` rounds as IEEE float64 does on tensors,
+    the scaling is by a power of two)."""
+    return ((h >> 11) + 0.5) * 2.0**-53
+
+
 def _key_prefix(seed: torch.Tensor, position: torch.Tensor,
                 stream: torch.Tensor | int) -> torch.Tensor:
     """``m(m(m(s + g) ^ (t + g)) ^ (c + g))``, the hash of the key without its counter (int64,
@@ -117,9 +136,7 @@ def _key_prefix(seed: torch.Tensor, position: torch.Tensor,
     shape = np.broadcast_shapes(seed.shape, position.shape, stream.shape)
     if seed.device.type == "cpu" and math.prod(shape) <= SMALL_PREFIX:
         s, t, c = (x.expand(shape).reshape(-1).tolist() for x in (seed, position, stream))
-        g = _GOLDEN_U
-        out = [_mix_int(_mix_int(_mix_int((a + g) & _U64) ^ ((b + g) & _U64)) ^ ((d + g) & _U64))
-               for a, b, d in zip(s, t, c, strict=True)]
+        out = [_prefix_int(a, b, d) for a, b, d in zip(s, t, c, strict=True)]
         return torch.tensor([_signed(h) for h in out], dtype=torch.int64).view(shape)
     h = _mix(seed + _GOLDEN)
     h = _mix(h ^ (position + _GOLDEN))
@@ -134,12 +151,9 @@ def _small_keys(seed, position, stream, counter) -> tuple[tuple[int, ...], list[
     shape = np.broadcast_shapes(*(x.shape for x in keys))
     if seed.device.type != "cpu" or math.prod(shape) > SMALL_PREFIX:
         return None
-    g = _GOLDEN_U
     cols = (x.expand(shape).reshape(-1).tolist() for x in keys)
-    return tuple(shape), [
-        _mix_int(_mix_int(_mix_int(_mix_int((a + g) & _U64) ^ ((b + g) & _U64))
-                          ^ ((c + g) & _U64)) ^ ((d + g) & _U64))
-        for a, b, c, d in zip(*cols, strict=True)]
+    return tuple(shape), [_hash_int(_prefix_int(a, b, c), d)
+                          for a, b, c, d in zip(*cols, strict=True)]
 
 
 def keyed_hash(
@@ -157,31 +171,25 @@ def keyed_hash(
 
 
 def unit_floats(seed: int, position: int, stream: int, counters) -> list[float]:
-    """``[U(seed, position, stream, j) for j in counters]`` for one request, in Python floats.
+    """``[U(seed, position, stream, j) for j in counters]`` for one key prefix, in Python floats.
 
-    The bits of :func:`keyed_uniforms` (the same uint64 hash in Python integers, the same
-    rounding to the 2**-53 grid) with no tensor at all: a caller verifying one request on a
-    CPU (``coupling.llm.rules_adapter.decide``) needs a handful of uniforms, and the tensor
-    path's argument handling costs ~30 small ops per stream there, each paying for the caches
-    a target call has just cleared.
+    The bits of :func:`keyed_uniforms` with no tensor at all: a verification call of one request
+    on a CPU needs a handful of coins, and the tensor path's argument handling costs ~30 small
+    ops per stream there, each paying for the caches a target call has just cleared
+    (:func:`coupling.torch_backend._common.coin_uniforms` takes this path for a few coins).
     """
-    g = _GOLDEN_U
-    prefix = _mix_int(_mix_int(_mix_int((int(seed) + g) & _U64) ^ ((int(position) + g) & _U64))
-                      ^ ((int(stream) + g) & _U64))
-    return [((_mix_int(prefix ^ ((int(j) + g) & _U64)) >> 11) + 0.5) * 2.0**-53
-            for j in counters]
+    prefix = _prefix_int(int(seed), int(position), int(stream))
+    return [_unit_int(_hash_int(prefix, int(j))) for j in counters]
 
 
 def _keyed_unit(seed, position, stream, counter) -> torch.Tensor:
     """``U(seed, position, stream, counter)`` float64: :func:`_to_unit` of :func:`keyed_hash`,
-    in Python floats for a few keys (the same bits: ``h >> 11 < 2**53`` is exact, the
-    ``+ 0.5`` rounds as IEEE float64 does on tensors, the scaling is by a power of two)."""
+    in Python floats for a few keys (:func:`_unit_int`, the same bits)."""
     small = _small_keys(seed, position, stream, counter)
     if small is None:
         return _to_unit(_mix(_key_prefix(seed, position, stream) ^ (counter + _GOLDEN)))
     shape, hs = small
-    return torch.tensor([((h >> 11) + 0.5) * 2.0**-53 for h in hs],
-                        dtype=torch.float64).view(shape)
+    return torch.tensor([_unit_int(h) for h in hs], dtype=torch.float64).view(shape)
 
 
 def _to_unit(h: torch.Tensor, dtype: torch.dtype = torch.float64) -> torch.Tensor:
