@@ -325,7 +325,7 @@ def build_draft(target, spec: DraftSpec):
 #: the shipped ranking. On the demo's text (``scripts/draft_overlap.py --int8 --head-tokens
 #: 2048,4096,8192``, stop 18) the feature draft agrees with the target on 0.393 of the mass at
 #: 4096 tokens as at 8192 (0.388 at 2048), the token-level draft on 0.248 at all three, while
-#: the int8 head product inside a step costs 0.38-0.43 instead of 0.64-0.69 ms
+#: the int8 head product inside a step costs 0.38-0.43 instead of 0.64-0.79 ms
 #: (``benchmarks/bench_step_profile.py``).
 DRAFT_HEAD_TOKENS = 4096
 
