@@ -213,15 +213,6 @@ def accept_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int) -> tor
 def sample_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int) -> torch.Tensor:
     """``[B, g+1]`` float64: ``U(seed, t, STREAM_SAMPLE, n)``, the draw of the token emitted
     at offset ``n``."""
-    small = (isinstance(seeds, torch.Tensor) and isinstance(positions, torch.Tensor)
-             and seeds.dtype == positions.dtype == torch.int64 and seeds.device.type == "cpu"
-             and seeds.numel() * (g + 1) <= rng.SMALL_PREFIX)
-    if small:
-        # a few draws (one request's call): hashed in Python floats, the same bits
-        keys = zip(seeds.reshape(-1).tolist(),
-                   positions.expand(seeds.shape).reshape(-1).tolist(), strict=True)
-        return torch.tensor([unit_floats(s, t, STREAM_SAMPLE, range(g + 1)) for s, t in keys],
-                            dtype=torch.float64).view(seeds.numel(), g + 1)
     return uniforms(seeds, positions, g + 1, stream=STREAM_SAMPLE)
 
 

@@ -176,7 +176,8 @@ def unit_floats(seed: int, position: int, stream: int, counters) -> list[float]:
     The bits of :func:`keyed_uniforms` with no tensor at all: a verification call of one request
     on a CPU needs a handful of coins, and the tensor path's argument handling costs ~30 small
     ops per stream there, each paying for the caches a target call has just cleared
-    (:func:`coupling.torch_backend._common.coin_uniforms` takes this path for a few coins).
+    (:func:`uniforms` and :func:`coupling.torch_backend._common.coin_uniforms` take this path
+    for a few keys).
     """
     prefix = _prefix_int(int(seed), int(position), int(stream))
     return [_unit_int(_hash_int(prefix, int(j))) for j in counters]
@@ -245,6 +246,12 @@ def uniforms(
     dev = torch.device(device) if device is not None else None
     s = _as_key(seeds, "seeds", dev).reshape(-1, 1)
     t = _as_key(positions, "positions", s.device).reshape(-1, 1)
+    if s.device.type == "cpu" and max(s.numel(), t.numel()) * n <= SMALL_PREFIX:
+        # a few draws (one request's call): hashed in Python floats, the same bits
+        s, t = torch.broadcast_tensors(s, t)
+        keys = zip(s.reshape(-1).tolist(), t.reshape(-1).tolist(), strict=True)
+        return torch.tensor([unit_floats(a, b, stream, range(n)) for a, b in keys],
+                            dtype=torch.float64).view(s.shape[0], n)
     j = torch.arange(n, device=s.device, dtype=torch.int64)
     return _keyed_unit(s, t, int(stream), j)
 
