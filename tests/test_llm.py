@@ -147,7 +147,7 @@ def test_block_on_the_same_drafts_never_below_token(seed, g, V):
 
 @given(st.integers(0, 2**31 - 1), st.sampled_from([("token", 1), ("block", 1), ("gumbel", 1),
                                                    ("kseq", 2), ("rrs", 3), ("rrs_wor", 2),
-                                                   ("optimal", 2)]),
+                                                   ("optimal", 2), ("optimal_wor", 2)]),
        st.integers(1, 4), st.integers(4, 30))
 @settings(max_examples=150, deadline=None)
 def test_compressed_decisions_equal_full_vocabulary_decisions(seed, rule_k, g, top):
@@ -178,7 +178,7 @@ def test_compressed_decisions_equal_full_vocabulary_decisions(seed, rule_k, g, t
             q[j, i] = qi
             if rule == "gumbel":
                 drafts[j, i] = rules_adapter.gumbel_draft(qi[None], seed % 97, 40 + i)[0]
-            elif rule == "rrs_wor" and i == 0:
+            elif rule in rules_adapter.WITHOUT_REPLACEMENT and i == 0:
                 if j == 0:
                     first = torch.multinomial(qi, k, replacement=False, generator=gen)
                 drafts[j, 0] = first[j]
@@ -410,7 +410,7 @@ def test_grouped_sdpa_is_bit_identical_to_sdpa_and_skips_the_kv_copy(dtype, monk
 
 @pytest.mark.parametrize("rule,k,drafter", [("kseq", 2, "model"), ("rrs", 3, "model"),
                                             ("rrs_wor", 2, "model"), ("optimal", 2, "model"),
-                                            ("rrs", 2, "feature")])
+                                            ("optimal_wor", 2, "feature"), ("rrs", 2, "feature")])
 def test_tree_and_batch_layouts_make_the_same_decisions(pair, rule, k, drafter):
     """Both layouts score the same branches (float32: p agree to ~1e-7) with the same
     generator, so every decision and the whole stream coincide."""
@@ -513,7 +513,8 @@ PROMPT = [1, 2, 3]
 @pytest.mark.parametrize("rule,k,tree", [("token", 1, None), ("block", 1, None),
                                          ("kseq", 2, True), ("rrs", 2, True),
                                          ("rrs_wor", 2, True), ("gumbel", 1, None),
-                                         ("optimal", 2, True), ("rrs", 2, False)])
+                                         ("optimal", 2, True), ("optimal_wor", 2, True),
+                                         ("rrs", 2, False)])
 def test_first_two_tokens_follow_the_target_law(pair, rule, k, tree):
     """k > 1 branches verified as one row with tree attention, and (rrs) as a batch of k."""
     reason = rules_adapter.available().get(rule)
@@ -838,6 +839,52 @@ def test_rrs_without_replacement_drafts_fewer_branches_from_a_peaked_law(pair):
     r = E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=12, rule="rrs_wor",
                    gamma=2, k=2, cfg=SamplingConfig(1.0, top_k=1), seed=1, predict=True)
     assert len(r.tokens) == 12 and all(s.predicted >= 1.0 for s in r.steps)
+
+
+@pytest.mark.parametrize("rule,k", [("kseq", 2), ("rrs", 3), ("rrs_wor", 2), ("optimal", 2),
+                                    ("optimal_wor", 2)])
+def test_optimal_prediction_bounds_the_rules_prediction_step_by_step(pair, rule, k):
+    """"BE opt" evaluates the LP optimum of the rule's own information model (its k branches'
+    draft law) on the laws of each step: never below the rule's own prediction, equal to it
+    for the optimal rules, and with distinct drafts at least what i.i.d. drafts would give."""
+    target, draft = pair
+    r = E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=24, rule=rule,
+                   gamma=2, k=k, cfg=SamplingConfig(1.0, top_k=8), seed=5, predict=True)
+    assert r.steps
+    for s in r.steps:
+        assert s.optimal_predicted >= s.predicted - 1e-12
+        if rule.startswith("optimal"):
+            assert s.optimal_predicted == s.predicted
+    if rule in ("kseq", "rrs"):
+        assert any(s.optimal_predicted > s.predicted + 1e-6 for s in r.steps)
+
+
+def test_without_replacement_is_refused_for_a_rule_defined_on_iid_branches(pair):
+    target, draft = pair
+    with pytest.raises(ValueError, match="i.i.d. branches only"):
+        E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=4, rule="kseq",
+                   gamma=2, k=2, replacement=False)
+
+
+def test_optimal_without_replacement_drafts_distinct_branches_and_names_its_verifier(pair):
+    """``optimal_wor`` = successive sampling of k distinct first tokens + the exact optimal
+    plan for that tuple law (the backend's ``optimal`` with ``replacement=False``)."""
+    assert rules_adapter.backend_rule("optimal_wor") == ("optimal", False)
+    assert rules_adapter.backend_rule("optimal", False) == ("optimal", False)
+    assert rules_adapter.backend_rule("kseq", False) == ("kseq", False)
+    assert rules_adapter.distinct_first("optimal_wor")
+    assert rules_adapter.distinct_first("rrs", False)
+    assert not rules_adapter.distinct_first("kseq", False)
+    target, draft = pair
+    seen = []
+    E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=16, rule="optimal_wor",
+               gamma=2, k=2, cfg=SamplingConfig(1.0, top_k=8), seed=2,
+               on_step=lambda rec, drafts, q, p: seen.append(drafts[:, 0].tolist()))
+    assert seen and all(len(set(first)) == len(first) for first in seen)
+    # a point-mass q drafts one branch instead of failing, as rrs_wor does
+    r = E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=8, rule="optimal_wor",
+                   gamma=2, k=2, cfg=SamplingConfig(1.0, top_k=1), seed=1, predict=True)
+    assert len(r.tokens) == 8 and all(s.predicted >= 1.0 for s in r.steps)
 
 
 def test_draft_sampler_never_returns_zero_probability_tokens_and_has_the_right_law():

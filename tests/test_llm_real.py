@@ -376,6 +376,7 @@ def test_demo_runs_end_to_end_and_writes_the_promised_json(tmp_path):
     assert set(res["baselines"]) == {"autoregressive", "hf_assisted"}
     for name in ("token", "block_feature"):
         row = res["rules"][name]
+        assert row["optimal_predicted_block_efficiency"] is None     # k = 1: no "BE opt"
         for key in ("block_efficiency", "predicted_block_efficiency", "acceptance_rate",
                     "tokens_per_s", "speedup_vs_autoregressive"):
             assert math.isfinite(row[key]), (name, key)
@@ -397,7 +398,10 @@ def test_demo_runs_end_to_end_and_writes_the_promised_json(tmp_path):
                       "--multi-draft-layout", "batch", "--no-progress", "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["settings"]["multi_draft_layout"] == "batch"
-    assert math.isfinite(res["rules"]["rrs_k2"]["block_efficiency"])
+    row = res["rules"]["rrs_k2"]
+    assert math.isfinite(row["block_efficiency"])
+    # the multi-draft rows carry the LP optimum's prediction on the same laws ("BE opt")
+    assert row["optimal_predicted_block_efficiency"] >= row["predicted_block_efficiency"] - 1e-12
     assert res["models"]["target_quant"] == "none"
     assert demo.main(["--prompts", "1", "--max-new-tokens", "3", "--methods", "token",
                       "--target-quant", "int8", "--no-progress", "--json", str(out)]) == 0

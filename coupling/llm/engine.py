@@ -6,7 +6,7 @@ attention mask, as a batch of ``k``). Four short functions do the work:
 
 ``prefill``      feed the prompt (all but its last token) into a model's KV cache.
 ``draft_block``  sample ``k`` branches of ``gamma`` tokens from the draft (k i.i.d. branches, or
-                 for ``rrs`` without replacement k *distinct* first tokens by successive sampling,
+                 for ``rrs_wor`` / ``optimal_wor`` k *distinct* first tokens by successive sampling,
                  each branch then a single chain), recording the exact laws ``q`` they came from.
 ``verify``       one target call on ``[pending tokens, branch tokens]`` for all k branches
                  (one row ``[pending, branch_0, .., branch_{k-1}]`` whose tokens see only their
@@ -59,7 +59,7 @@ import torch
 from .models import GROUPED_SDPA
 from .sampling import SamplingConfig, probs
 
-MULTI_DRAFT_RULES = ("kseq", "rrs", "rrs_wor", "optimal")
+MULTI_DRAFT_RULES = ("kseq", "rrs", "rrs_wor", "optimal", "optimal_wor")
 SINGLE_DRAFT_RULES = ("token", "block", "gumbel")
 
 
@@ -472,6 +472,9 @@ class StepRecord:
     # E[accepted + 1 | the same drafts] had block verification judged them (k = 1 rules):
     # pairs block with token on identical blocks, free of the runs' diverging trajectories
     block_on_drafts: float = float("nan")
+    # multi-draft rules: the predicted tokens had the LP-optimal verifier judged the same
+    # draft law (same k, same replacement) on these laws: what the rule leaves on the table
+    optimal_predicted: float = float("nan")
 
 
 @dataclass
@@ -577,6 +580,10 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
     from . import rules_adapter
 
     rules_adapter.check_available(rule)
+    if not replacement and k > 1 and not rules_adapter.distinct_first(rule, False):
+        raise ValueError(f"replacement=False: rule {rule!r} verifies i.i.d. branches only; "
+                         "distinct first tokens are verified by rrs and optimal "
+                         "(or name rrs_wor / optimal_wor)")
     tlm = target or CachedLM(target_model)
     if tree_attention is None:
         tree_attention = supports_tree(tlm.model)
@@ -600,8 +607,8 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
     gen = torch.Generator(device=tlm.device).manual_seed(seed)
     seq = list(prompt)
     steps: list[StepRecord] = []
-    # rrs without replacement: the k first tokens are distinct (successive sampling from q_1)
-    distinct = rule == "rrs_wor" or (rule == "rrs" and not replacement)
+    # rrs / optimal without replacement: k distinct first tokens (successive sampling from q_1)
+    distinct = rules_adapter.distinct_first(rule, replacement)
     excluded = 0.0
     while len(seq) - len(prompt) < max_new_tokens:
         position = len(seq)
@@ -641,6 +648,9 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
 
                 rec.beta = P.step_beta(rule, drafts, q, p, c, drafts.shape[0], replacement)
                 rec.predicted = P.predicted_block_efficiency(rule, rec.beta)
+                if rule in MULTI_DRAFT_RULES:
+                    rec.optimal_predicted = P.optimal_block_efficiency(
+                        rule, rec, drafts, q, p, c, replacement)
                 if rule == "token":
                     rec.conditional = P.conditional_token(drafts, q, p, c)
                 elif rule == "block":

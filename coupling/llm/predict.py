@@ -22,10 +22,18 @@ with :math:`\beta_i` the rule's single-step acceptance probability on :math:`(p_
   acceptance (``coupling.rules.<rule>.acceptance``; ``optimal``:
   ``coupling.optimal.optimal_acceptance``) with :math:`k_i` drafts, where :math:`k_i` is the
   number of branches that agree with the chosen branch on positions :math:`< i` (``k_1 = k``;
-  branches that share a prefix have i.i.d. continuations). ``rrs`` without replacement uses
-  ``replacement=False`` at position 1 and single chains (``k_i = 1``) after it;
+  branches that share a prefix have i.i.d. continuations). ``rrs`` and ``optimal`` without
+  replacement (``rrs_wor``, ``optimal_wor``) use ``replacement=False`` at position 1 and single
+  chains (``k_i = 1``) after it;
 * ``gumbel``: :math:`\beta_i` is the exact Gumbel collision probability
   :math:`\sum_x 1/\sum_j \max(p_j/p_x, q_j/q_x)` (independent noise at each position).
+
+``optimal_predicted`` (multi-draft rules, the table's "BE opt"): the same composition with
+:math:`\beta_i` the LP optimum (:func:`coupling.optimal.optimal_acceptance`) for the rule's
+own information model (the k branches' draft law, with or without replacement), on the laws
+of the same steps: the block efficiency an optimal verifier would have predicted on them. It
+bounds what kseq / rrs could gain from a better verifier, and it runs where the exact optimal
+*sampler* cannot (k >= 3 on real supports needs an LP over U^k draft tuples).
 
 ``block_on_same_drafts`` (token and block runs, reported in JSON): block's exact conditional
 :math:`1 + \sum_i w_i` evaluated on the very drafts the run verified. On a token run it pairs
@@ -69,13 +77,12 @@ def _support_pair(p: torch.Tensor, q: torch.Tensor) -> tuple[np.ndarray, np.ndar
     return pn / pn.sum(), qn / qn.sum()
 
 
-def _acceptance_fn(rule: str):
-    if rule == "optimal":
+def _acceptance_fn(name: str):
+    if name == "optimal":
         from coupling.optimal import optimal_acceptance
 
         return optimal_acceptance
-    mod = importlib.import_module(f"coupling.rules.{'rrs' if rule == 'rrs_wor' else rule}")
-    return mod.acceptance
+    return importlib.import_module(f"coupling.rules.{name}").acceptance
 
 
 def step_beta(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, branch: int,
@@ -98,10 +105,14 @@ def step_beta(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
         return out
     if rule == "token":
         return torch.minimum(p[c, :g].double(), q[c].double()).sum(-1).tolist()
-    fn = _acceptance_fn(rule)
+    from .rules_adapter import backend_rule, distinct_first
+
+    name = backend_rule(rule)[0]
+    fn = _acceptance_fn(name)
+    wor = distinct_first(rule, replacement)
     out = []
     for i in range(g):
-        if rule in ("rrs_wor",) or (rule == "rrs" and not replacement):
+        if wor:
             ki, repl = (k, False) if i == 0 else (1, True)
         elif k > 1:
             ki = int((drafts[:, :i] == drafts[c, :i]).all(-1).sum()) if i else k
@@ -109,7 +120,7 @@ def step_beta(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
         else:
             ki, repl = 1, True
         pn, qn = _support_pair(p[c, i], q[c, i])
-        if ki == 1 and rule in ("kseq", "rrs", "rrs_wor", "optimal"):
+        if ki == 1 and name in ("kseq", "rrs", "optimal"):
             out.append(float(np.minimum(pn, qn).sum()))  # every rule reduces to 1 - TV at k=1
         else:
             out.append(float(fn(pn, qn, ki, replacement=repl)))
@@ -121,6 +132,20 @@ def predicted_block_efficiency(rule: str, beta: list[float]) -> float:
     if rule == "block":
         return 1.0 + float(sum(beta))
     return compose(beta)
+
+
+def optimal_block_efficiency(rule: str, rec, drafts: torch.Tensor, q: torch.Tensor,
+                             p: torch.Tensor, branch: int, replacement: bool = True) -> float:
+    """:func:`predicted_block_efficiency` of the LP-optimal verifier on a multi-draft rule's
+    step: the same drafts' laws and draft law (k, with or without replacement), each position
+    judged by :func:`coupling.optimal.optimal_acceptance`. ``rec``: the step's record, whose
+    ``predicted`` this is when the rule is itself ``optimal``."""
+    from .rules_adapter import backend_rule, distinct_first
+
+    if backend_rule(rule)[0] == "optimal":
+        return rec.predicted
+    opt = "optimal_wor" if distinct_first(rule, replacement) else "optimal"
+    return compose(step_beta(opt, drafts, q, p, branch, drafts.shape[0]))
 
 
 def conditional_block(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, branch: int) -> float:

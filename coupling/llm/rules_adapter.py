@@ -16,16 +16,38 @@ import torch
 PLAIN = "plain"
 
 
+#: every rule name the engine takes
+RULES = ("token", "block", "kseq", "rrs", "rrs_wor", "optimal", "optimal_wor", "gumbel")
+#: engine rule names whose k branches start with k *distinct* tokens (successive sampling from
+#: q_1), and the backend verifier that checks them with ``replacement=False``
+WITHOUT_REPLACEMENT = {"rrs_wor": "rrs", "optimal_wor": "optimal"}
+#: backend verifiers defined for both draft laws (the others take i.i.d. branches only)
+_TAKES_REPLACEMENT = ("rrs", "optimal")
+
+
+def backend_rule(rule: str, replacement: bool = True) -> tuple[str, bool]:
+    """(backend verifier, replacement) of an engine rule: ``rrs_wor`` and ``optimal_wor`` are
+    ``rrs`` / ``optimal`` with ``replacement=False``; other names pass ``replacement`` on."""
+    if rule in WITHOUT_REPLACEMENT:
+        return WITHOUT_REPLACEMENT[rule], False
+    return rule, replacement
+
+
+def distinct_first(rule: str, replacement: bool = True) -> bool:
+    """Whether the drafter must draw the k first tokens without replacement for this rule."""
+    name, repl = backend_rule(rule, replacement)
+    return name in _TAKES_REPLACEMENT and not repl
+
+
 def available() -> dict[str, str | None]:
     """rule name -> None if the backend provides it, else the reason it cannot run."""
     try:
         from coupling import torch_backend as tb
     except Exception as exc:  # pragma: no cover - backend broken
-        return {r: f"coupling.torch_backend failed to import: {exc}" for r in
-                ("token", "block", "kseq", "rrs", "rrs_wor", "optimal", "gumbel")}
+        return {r: f"coupling.torch_backend failed to import: {exc}" for r in RULES}
     out: dict[str, str | None] = {}
-    for r in ("token", "block", "kseq", "rrs", "rrs_wor", "optimal", "gumbel"):
-        name = "rrs" if r == "rrs_wor" else r
+    for r in RULES:
+        name = backend_rule(r)[0]
         out[r] = None if name in tb.VERIFIERS else (
             f"coupling.torch_backend has no verifier {name!r} yet (has {sorted(tb.VERIFIERS)})")
     return out
@@ -67,10 +89,10 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
     """
     from coupling import torch_backend as tb
 
-    name = "rrs" if rule == "rrs_wor" else rule
+    name, repl = backend_rule(rule, replacement)
     kwargs = {}
-    if name == "rrs":
-        kwargs["replacement"] = replacement and rule != "rrs_wor"
+    if name in _TAKES_REPLACEMENT:
+        kwargs["replacement"] = repl
     idx = None
     if compress:
         V = p.shape[-1]
