@@ -8,7 +8,9 @@ old way).
 Laws: target logits N(0, 3^2) and draft logits the target's plus N(0, 1), both through the
 demo's sampling transforms (T = 0.7, top-k 50, top-p 0.95) at V = 49152, so each law has at
 most 50 tokens; drafts sampled from q (shared first-position laws across the k branches,
-i.i.d. first tokens). gamma = 2 as in the demo. Each configuration alternates the two modes
+i.i.d. first tokens, or k distinct ones for ``rrs_wor`` / ``optimal_wor``). gamma = 2 as in the
+demo. The optimal rules' LP plan cache is cleared before every timed call (real text brings
+new laws to every call, so it never hits there). Each configuration alternates the two modes
 for ``--repeats`` calls and prints medians and their ratio, with the share of a target step:
 the real target's one-token bf16 decoding step at context 100, timed in this process just
 before and after each row (``ab_common.TargetStep``; ``--step-ms`` fixes it instead).
@@ -31,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from coupling.llm import rules_adapter
     from coupling.llm.sampling import SamplingConfig
+    from coupling.rules import optimal as optimal_rule
     from coupling.torch_backend import rng
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -54,18 +57,26 @@ def main(argv: list[str] | None = None) -> int:
     small = rng.SMALL_PREFIX
     modes = ((False, small), (True, small), (True, 0))   # (compress, SMALL_PREFIX)
     for rule, k in [("token", 1), ("block", 1), ("gumbel", 1), ("rrs", 2), ("kseq", 2),
-                    ("optimal", 2), ("rrs", 4), ("kseq", 4)]:
+                    ("optimal", 2), ("rrs_wor", 2), ("optimal_wor", 2), ("rrs", 4),
+                    ("kseq", 4)]:
         p, q = demo_laws(k, g, V, cfg, gen)
         if rule == "gumbel":
             drafts = torch.stack([rules_adapter.gumbel_draft(q[:, i], 0, 100 + i)
                                   for i in range(g)], 1)
         else:
             drafts = torch.multinomial(q.reshape(-1, V), 1, generator=gen).reshape(k, g)
+            if rule in rules_adapter.WITHOUT_REPLACEMENT:       # k distinct first tokens
+                drafts[:, 0] = torch.multinomial(q[0, 0], k, replacement=False, generator=gen)
+        # the optimal rules cache their LP plan per (p, q); on real text every call brings
+        # new laws, so each timed call solves afresh
+        fresh = rules_adapter.backend_rule(rule)[0] == "optimal"
         times: dict[tuple[bool, int], list[float]] = {m: [] for m in modes}
         steps = [step.time_ms() for _ in range(3)] if step else []
         for i in range(args.repeats + 5):
             for compress, prefix in modes:
                 rng.SMALL_PREFIX = prefix
+                if fresh:
+                    optimal_rule.clear_plan_cache()
                 t0 = time.perf_counter()
                 rules_adapter.decide(rule, drafts, q, p, 0, 100 + i, compress=compress)
                 if i >= 5:

@@ -15,6 +15,7 @@ Usage::
 
     python benchmarks/bench_step_profile.py --target-quant int8 --threads 2
     python benchmarks/bench_step_profile.py --rule block --gamma 2 --prompts 8
+    python benchmarks/bench_step_profile.py --target-quant int8 --threads 2 --rule optimal_wor --k 2
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     from coupling.torch_backend import chain
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rule", choices=("token", "block", "gumbel"), default="token")
+    ap.add_argument("--rule", choices=rules_adapter.RULES, default="token")
+    ap.add_argument("--k", type=int, default=1, help="branches (multi-draft rules)")
     ap.add_argument("--gamma", type=int, default=1)
     ap.add_argument("--target-quant", choices=("none", "int8"), default="none")
     ap.add_argument("--head-tokens", type=int, default=None,
@@ -68,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         models.quantize_target_int8(target)
     tok, cfg, prompts = demo_prompts(args.prompts)
     kw = dict(max_new_tokens=args.max_new_tokens, cfg=cfg, eos_token_id=tok.eos_token_id,
-              rule=args.rule, gamma=args.gamma)
+              rule=args.rule, gamma=args.gamma, k=args.k)
     E.generate(target, FD.FeatureDrafter(draft), prompts[0], seed=0, **kw)     # warm up
 
     acc: collections.Counter = collections.Counter()
@@ -96,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
                                r.draft_seconds)):
             tot[j] += v
     n = tot[2]
-    print(f"rule {args.rule}, gamma {args.gamma}, feature draft (int8, {head}-token head), "
+    print(f"rule {args.rule}, k {args.k}, gamma {args.gamma}, "
+          f"feature draft (int8, {head}-token head), "
           f"target bf16{' + int8 weights' if args.target_quant == 'int8' else ''}, "
           f"{len(prompts)} prompts x {args.max_new_tokens} tokens, {args.threads} thread(s)")
     print(f"{n} target calls, block efficiency {tot[0] / n:.3f}; per call: "

@@ -271,7 +271,13 @@ def _group_by_set(tuples: np.ndarray, probs: np.ndarray, V: int):
     T = tuples.shape[0]
     member = np.zeros((T, V), dtype=bool)
     member[np.arange(T)[:, None], tuples] = True
-    uniq, set_index = np.unique(member, axis=0, return_inverse=True)
+    # One opaque key per row (its bits packed, column 0 first) instead of np.unique(axis=0)
+    # on booleans: the same sets in the same (lexicographic) order, 10-100x faster, which is
+    # most of the optimal rule's per-call cost on real laws.
+    packed = np.ascontiguousarray(np.packbits(member, axis=1))
+    keys = packed.view(np.dtype((np.void, packed.shape[1]))).ravel()
+    _, first, set_index = np.unique(keys, return_index=True, return_inverse=True)
+    uniq = member[first]
     set_index = set_index.reshape(-1)
     mass = np.bincount(set_index, weights=probs, minlength=uniq.shape[0])
     return set_index, mass, uniq

@@ -44,7 +44,8 @@ from ._base import (
     sample_uniform,
 )
 
-__all__ = ["acceptance", "joint", "sample", "verify", "bound", "plan", "RULE", "MAX_PLAN_ENTRIES"]
+__all__ = ["acceptance", "joint", "sample", "verify", "bound", "plan", "clear_plan_cache", "RULE",
+           "MAX_PLAN_ENTRIES"]
 
 #: Largest ``T * V`` (draft tuples times vocabulary) for which the LP plan is built.
 MAX_PLAN_ENTRIES = 4_000_000
@@ -86,6 +87,12 @@ def plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool):
     while len(_cache) > CACHE_SIZE:
         _cache.popitem(last=False)
     return _cache[key]
+
+
+def clear_plan_cache() -> None:
+    """Forget the cached LP plans (benchmarks time a fresh solve: on real text every
+    verification call brings new laws, so the cache never hits there)."""
+    _cache.clear()
 
 
 def joint(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True) -> np.ndarray:
