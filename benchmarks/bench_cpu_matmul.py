@@ -10,8 +10,10 @@ kernel's one-row pass (the baseline, in the same process):
 * ``float32`` and ``bf16``: ``torch.nn.functional.linear`` (MKL / oneDNN as torch picks);
 * ``float32, MKL packed``: ``torch.ops.mkl._mkl_linear`` with the weight packed once for M
   rows (what inductor's freezing uses), to see whether per-call packing is the cost;
-* ``bf16, int8 weights``: ``models.Int8Linear`` (``_weight_int8pack_mm``), the kernel
-  ``models.quantize_target_int8`` uses;
+* ``bf16, int8 weights``: ``models.Int8Linear`` on torch's ``_weight_int8pack_mm`` (gpt-fast's
+  weight-only int8 kernel);
+* ``bf16, int8 weights, AVX2``: ``models.Int8Linear`` on :mod:`coupling.llm.int8_kernel` (the
+  same int8 weights; what ``models.quantize_target_int8`` uses on an AVX2 CPU);
 * ``dynamic int8 (fbgemm)``: ``torch.ao.quantization.quantize_dynamic`` (weights *and*
   activations int8), for its speed only: ``bench_target_quant.py --dynamic`` shows what it
   does to the model's laws.
@@ -26,6 +28,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 import warnings
@@ -47,7 +50,7 @@ def median_ms(fn, repeats: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from coupling.llm import models
+    from coupling.llm import int8_kernel, models
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -81,11 +84,16 @@ def main(argv: list[str] | None = None) -> int:
         return lambda: [torch.ops.mkl._mkl_linear(xs[w.shape[1]], p, w, None, m)
                         for p, w in zip(packed, weights, strict=True)]
 
-    int8 = [models.Int8Linear(w.to(torch.bfloat16)) for w in weights]
+    def int8_weights(kernel: str):
+        os.environ[int8_kernel.ENV] = kernel
+        layers = [models.Int8Linear(w.to(torch.bfloat16)) for w in weights]
+        if layers[0].kernel != kernel:
+            raise RuntimeError(f"the {kernel} kernel is unavailable: {int8_kernel.status()}")
 
-    def int8_weights(m):
-        xs = x_for(m, torch.bfloat16)
-        return lambda: [q(xs[q.in_features]) for q in int8]
+        def make(m):
+            xs = x_for(m, torch.bfloat16)
+            return lambda: [q(xs[q.in_features]) for q in layers]
+        return make
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")      # quantize_dynamic's deprecation notice
@@ -97,8 +105,13 @@ def main(argv: list[str] | None = None) -> int:
         return lambda: [layer(xs[w.shape[1]]) for layer, w in zip(dyn, weights, strict=True)]
 
     kernels = {"float32": plain(torch.float32), "bf16": plain(torch.bfloat16),
-               "float32, MKL packed": mkl_packed, "bf16, int8 weights": int8_weights,
-               "dynamic int8 (fbgemm)": dynamic}
+               "float32, MKL packed": mkl_packed}
+    for name, kernel in (("bf16, int8 weights", "torch"), ("bf16, int8 weights, AVX2", "avx2")):
+        try:
+            kernels[name] = int8_weights(kernel)
+        except RuntimeError as exc:
+            print(f"{name}: {exc}")
+    kernels["dynamic int8 (fbgemm)"] = dynamic
     print(f"210 projections of SmolLM2-135M, median of {args.repeats} passes, "
           f"{args.threads} thread(s): ms (ratio to the same kernel's 1-row pass)")
     print(f"{'kernel':<24}" + "".join(f"{f'M={m}':>16}" for m in rows))

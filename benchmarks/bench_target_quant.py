@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """What a target call costs as it scores more tokens, for the bf16 target (the baseline), a
-float32 copy and the weight-only int8 target (``models.quantize_target_int8``), and how far
+float32 copy and the weight-only int8 target (``models.quantize_target_int8``, on torch's
+``_weight_int8pack_mm`` and on :mod:`coupling.llm.int8_kernel`'s AVX2 kernel), and how far
 each one's laws are from the float32 target's.
 
 Speculative decoding sells a call that scores gamma + 1 tokens for about the price of a
@@ -9,7 +10,7 @@ native bf16 (AVX2 only) a bf16 call on 3 tokens costs about twice a 1-token call
 every rule below plain sampling (``docs/RESULTS.md``, stops 15 and 16).
 
 Part 1, costs: each target holds a context of 100 random tokens and is fed n = 1..5 new
-tokens, cropped away again; the three targets alternate round by round (``--rounds``), each
+tokens, cropped away again; the targets alternate round by round (``--rounds``), each
 row a median of ``--repeats`` calls, and the ratio t(n) / t(1) is taken within the row.
 
 Part 2, laws: the float32 target samples ``--tokens`` tokens after a demo prompt; on that
@@ -121,7 +122,7 @@ def smooth_quant(model, calib, alpha: float):
 def main(argv: list[str] | None = None) -> int:
     import torch
 
-    from coupling.llm import demo, models
+    from coupling.llm import demo, int8_kernel, models
     from coupling.llm import engine as E
     from coupling.llm.sampling import SamplingConfig, probs
 
@@ -138,10 +139,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
+    def int8_target(kernel: str):
+        os.environ[int8_kernel.ENV] = kernel            # read as the layers are built
+        return models.quantize_target_int8(models.load_target("bfloat16"))
+
     tok = models.load_tokenizer()
     cfg = SamplingConfig(0.7, 50, 0.95)
     targets = {"bf16": models.load_target("bfloat16"), "float32": models.load_target("float32"),
-               "bf16 + int8 weights": models.quantize_target_int8(models.load_target("bfloat16"))}
+               "bf16 + int8 weights": int8_target("torch")}
+    avx2 = int8_target("avx2")
+    if avx2.lm_head.kernel == "avx2":
+        targets["  the same, AVX2 kernel"] = avx2
+    else:
+        print(f"no AVX2 int8 kernel here: {int8_kernel.status()}")
     if args.dynamic:
         calib = []
         for i, text in enumerate(demo.load_prompts()[4:8]):

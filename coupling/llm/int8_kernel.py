@@ -1,0 +1,115 @@
+"""The weight-only int8 product :class:`coupling.llm.models.Int8Linear` runs on an AVX2 CPU.
+
+Why
+---
+Speculative decoding sells a target call that scores ``gamma + 1`` tokens for about the price of
+a one-token call. On a CPU without bf16 instructions (AVX2 only) torch's weight-only int8 kernel
+(``aten._weight_int8pack_mm``) grows with the rows it scores: on SmolLM2's projections 2 rows
+cost 1.1-1.3 and 4 rows 1.6-2.0 times one row (``benchmarks/bench_cpu_matmul.py``). The kernel
+here (``csrc/int8_mm_avx2.cpp``) widens each int8 weight to float once per group of up to four
+rows of ``x`` and feeds it to one FMA per row, so 2-4 rows stream the weights once:
+
+    y[m, n] = s[n] * sum_k x[m, k] * Wq[n, k]
+
+with float32 accumulation. Each output's sum is the same sequence of FMAs whatever the number of
+rows and the thread split, so a row's result is bit for bit the same whether it is scored alone
+or with 50 others: a token's logits never depend on the tokens it is verified with.
+
+When
+----
+``COUPLING_INT8_KERNEL`` chooses: ``auto`` (default) uses this kernel on a CPU whose best
+instruction set torch reports as AVX2 (where it was measured to win), ``avx2`` forces it on any
+x86 CPU with AVX2, ``torch`` keeps ``_weight_int8pack_mm``. The extension is compiled on first
+use with ``torch.utils.cpp_extension`` (a C++ compiler and ninja, the ``ninja`` wheel of the
+``llm`` extra; about 40 s) into
+``$COUPLING_CACHE/torch_extensions`` and loaded from there afterwards. If it cannot be built or
+loaded, :func:`kernel` returns None, :func:`status` says why, and ``Int8Linear`` keeps torch's
+kernel: the model is then the same up to float rounding, only slower.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+
+ENV = "COUPLING_INT8_KERNEL"
+CHOICES = ("auto", "avx2", "torch")
+SOURCE = Path(__file__).resolve().parent / "csrc" / "int8_mm_avx2.cpp"
+_status = {"kernel": "not loaded yet"}
+
+
+def choice() -> str:
+    """The ``COUPLING_INT8_KERNEL`` setting, validated."""
+    value = os.environ.get(ENV, "auto").strip().lower() or "auto"
+    if value not in CHOICES:
+        raise ValueError(f"{ENV}={value!r}: choose one of {', '.join(CHOICES)}")
+    return value
+
+
+def _build_directory() -> Path:
+    from .models import cache_dir
+
+    tag = torch.__version__.replace("+", "_")
+    path = cache_dir() / "torch_extensions" / f"int8_mm_avx2_torch{tag}"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _put_ninja_on_path() -> None:
+    """torch builds extensions with a ``ninja`` found on PATH; the one the ``ninja`` wheel puts
+    in a virtual environment is not on PATH unless the environment is activated."""
+    if shutil.which("ninja"):
+        return
+    try:
+        import ninja
+    except ImportError:
+        return
+    os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+@functools.cache
+def _compiled(force: bool):
+    """The compiled extension module, or None (the reason goes to :func:`status`)."""
+    cap = torch.backends.cpu.get_cpu_capability()
+    if not force and cap != "AVX2":
+        _status["kernel"] = f"torch: this CPU's capability is {cap}, not AVX2 ({ENV}=avx2 forces)"
+        return None
+    if cap not in ("AVX2", "AVX512"):
+        _status["kernel"] = f"torch: this CPU's capability is {cap}; the kernel needs AVX2"
+        return None
+    try:
+        from torch.utils.cpp_extension import load
+
+        _put_ninja_on_path()
+        ext = load(name="coupling_int8_mm_avx2", sources=[str(SOURCE)],
+                   extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
+                   extra_ldflags=["-fopenmp"], build_directory=str(_build_directory()),
+                   verbose=False)
+    except Exception as exc:  # no compiler, no ninja, a read-only cache: keep torch's kernel
+        _status["kernel"] = f"torch: building the AVX2 kernel failed ({type(exc).__name__}: " \
+                            f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else ''})"
+        warnings.warn(f"coupling: {_status['kernel']}", RuntimeWarning, stacklevel=3)
+        return None
+    _status["kernel"] = "avx2"
+    return ext
+
+
+def kernel():
+    """The AVX2 extension's ``int8_mm(x, w, scale)`` or None when torch's kernel is to be used
+    (:func:`status` says why)."""
+    mode = choice()
+    if mode == "torch":
+        _status["kernel"] = f"torch ({ENV}=torch)"
+        return None
+    ext = _compiled(mode == "avx2")
+    return None if ext is None else ext.int8_mm
+
+
+def status() -> str:
+    """Which kernel the int8 layers built so far use, and why: ``"avx2"`` or ``"torch: ..."``."""
+    return _status["kernel"]

@@ -1,0 +1,183 @@
+"""The AVX2 weight-only int8 kernel (coupling.llm.int8_kernel) and Int8Linear's choice of path.
+
+The kernel is checked against the float64 product of the dequantised weight, for row counts on
+both sides of its 4-row groups and output counts that leave tails; a row's result must be bit
+for bit the same whatever rows share its call. On a machine where the kernel cannot be built
+(no AVX2, no compiler) those tests are skipped with the reason from ``int8_kernel.status()``;
+the path selection and the errors are checked everywhere.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from coupling.llm import int8_kernel, models  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def mm():
+    fn = int8_kernel.kernel()
+    if fn is None:
+        pytest.skip(f"AVX2 int8 kernel unavailable: {int8_kernel.status()}")
+    return fn
+
+
+def quantized(n: int, k: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)
+    s = torch.rand(n, generator=g) * 0.02 + 1e-3
+    return w, s
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    return (x.double() @ w.double().T) * s.double()
+
+
+@pytest.mark.parametrize("n,k", [(1, 16), (7, 32), (13, 576), (192, 576), (1537, 64)])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
+def test_kernel_equals_the_dequantised_product(mm, n, k, m):
+    w, s = quantized(n, k, seed=n + k + m)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
+    y = mm(x, w, s)
+    assert y.dtype == torch.float32 and y.shape == (m, n)
+    ref = reference(x, w, s)
+    # float32 accumulation of k products: relative error a few ulps times sqrt(k)
+    torch.testing.assert_close(y.double(), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+    yb = mm(x.bfloat16(), w, s)                       # bf16 in, bf16 out, same sums
+    assert yb.dtype == torch.bfloat16
+    torch.testing.assert_close(yb, mm(x.bfloat16().float(), w, s).bfloat16(), atol=0, rtol=0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 11), n=st.integers(1, 40), k16=st.integers(1, 8),
+       row=st.integers(0, 10), seed=st.integers(0, 2**16))
+def test_a_rows_result_does_not_depend_on_the_rows_it_is_scored_with(m, n, k16, row, seed):
+    """Bit for bit: a row alone, the same row among m others at any place, and under another
+    thread count (the split over outputs changes, the sums must not)."""
+    fn = int8_kernel.kernel()
+    if fn is None:
+        pytest.skip(int8_kernel.status())
+    k = 16 * k16
+    w, s = quantized(n, k, seed)
+    x = torch.randn(m, k, generator=torch.Generator().manual_seed(seed)).bfloat16()
+    row = row % m
+    alone = fn(x[row:row + 1], w, s)[0]
+    assert torch.equal(fn(x, w, s)[row], alone)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(fn(x, w, s)[row], alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_kernel_refuses_bad_shapes_and_types_by_name(mm):
+    w, s = quantized(8, 32, 0)
+    x = torch.randn(2, 32)
+    with pytest.raises(RuntimeError, match="not a multiple of 16"):
+        mm(torch.randn(2, 24), torch.zeros(8, 24, dtype=torch.int8), s)
+    with pytest.raises(RuntimeError, match="x has K = 16 columns, w has 32"):
+        mm(torch.randn(2, 16), w, s)
+    with pytest.raises(RuntimeError, match="contiguous int8"):
+        mm(x, w.float(), s)
+    with pytest.raises(RuntimeError, match="float32 \\[N\\]"):
+        mm(x, w, s.bfloat16())
+    with pytest.raises(RuntimeError, match="scale has 7 entries"):
+        mm(x, w, s[:7].contiguous())
+    with pytest.raises(RuntimeError, match=r"x must be \[M, K\]"):
+        mm(x[None], w, s)
+
+
+def test_int8_linear_takes_the_avx2_path_and_agrees_with_torchs_kernel(mm, monkeypatch):
+    torch.manual_seed(3)
+    lin = torch.nn.Linear(64, 40).bfloat16()
+    fast = models.Int8Linear.from_linear(lin)
+    monkeypatch.setenv(int8_kernel.ENV, "torch")
+    slow = models.Int8Linear.from_linear(lin)
+    assert (fast.kernel, slow.kernel) == ("avx2", "torch")
+    assert fast.dense is None and slow.dense is None
+    assert torch.equal(fast.qweight, slow.qweight) and torch.equal(fast.scale, slow.scale)
+    x = torch.randn(2, 3, 64).bfloat16()
+    with torch.no_grad():
+        a, b = fast(x), slow(x)
+    assert a.shape == b.shape == (2, 3, 40) and a.dtype == b.dtype == torch.bfloat16
+    want = torch.nn.functional.linear(x.float(), fast.dequantized().float(),
+                                          lin.bias.detach().float())
+    for y in (a, b):                                   # both within bf16 rounding of the truth
+        assert float((y.float() - want).norm()) <= 1e-2 * float(want.norm())
+    # the layer's result for one token does not change with the tokens beside it
+    with torch.no_grad():
+        assert torch.equal(fast(x[:1, :1])[0, 0], fast(x)[0, 0])
+
+
+def test_the_kernel_setting_is_validated_and_torch_can_be_forced(monkeypatch):
+    monkeypatch.setenv(int8_kernel.ENV, "fast-please")
+    with pytest.raises(ValueError, match="COUPLING_INT8_KERNEL='fast-please': choose one of"):
+        int8_kernel.kernel()
+    monkeypatch.setenv(int8_kernel.ENV, "torch")
+    assert int8_kernel.kernel() is None
+    assert "COUPLING_INT8_KERNEL=torch" in int8_kernel.status()
+    lin = torch.nn.Linear(32, 8)
+    assert models.Int8Linear.from_linear(lin).kernel == "torch"
+    assert models.Int8Linear.from_linear(torch.nn.Linear(5, 3)).kernel == "dense"
+
+
+def test_int8_layers_with_either_kernel_make_the_same_model_up_to_rounding(mm, monkeypatch):
+    """A tiny Llama quantized twice (AVX2 kernel, torch's kernel): the same int8 weights and
+    logits within float rounding. (Only the projections are row-independent bit for bit: the
+    attention kernel's sums may differ between calls of different lengths.)"""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                      tie_word_embeddings=False)
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(cfg).eval()
+    import copy
+
+    fast = models.quantize_target_int8(copy.deepcopy(base))
+    monkeypatch.setenv(int8_kernel.ENV, "torch")
+    slow = models.quantize_target_int8(copy.deepcopy(base))
+    assert fast.lm_head.kernel == "avx2" and slow.lm_head.kernel == "torch"
+    ids = torch.tensor([[3, 9, 1, 40, 7, 22]])
+    for mf, ms in zip(fast.modules(), slow.modules(), strict=True):
+        if isinstance(mf, models.Int8Linear):
+            assert torch.equal(mf.qweight, ms.qweight) and torch.equal(mf.scale, ms.scale)
+    with torch.no_grad():
+        a, b = fast(ids).logits, slow(ids).logits
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_a_failed_build_falls_back_to_torchs_kernel_and_says_why(monkeypatch):
+    """No compiler (simulated): kernel() is None, a RuntimeWarning and status() name the error,
+    and Int8Linear runs torch's kernel; the next build attempt is not blocked by the failure."""
+    import torch.utils.cpp_extension as cpp
+
+    def no_compiler(*args, **kwargs):
+        raise RuntimeError("Error building extension: c++: command not found")
+
+    monkeypatch.setenv(int8_kernel.ENV, "avx2")
+    monkeypatch.setattr(cpp, "load", no_compiler)
+    int8_kernel._compiled.cache_clear()
+    try:
+        with pytest.warns(RuntimeWarning, match="building the AVX2 kernel failed"):
+            assert int8_kernel.kernel() is None
+        assert "c++: command not found" in int8_kernel.status()
+        assert models.Int8Linear.from_linear(torch.nn.Linear(32, 8)).kernel == "torch"
+    finally:
+        int8_kernel._compiled.cache_clear()              # later tests load the real build
+
+
+def test_the_ninja_wheel_is_put_on_path_when_none_is_there(monkeypatch):
+    ninja = pytest.importorskip("ninja")
+    monkeypatch.setattr(int8_kernel.shutil, "which", lambda name: None)
+    monkeypatch.setenv("PATH", "/nowhere")
+    int8_kernel._put_ninja_on_path()
+    assert os.environ["PATH"].split(os.pathsep)[0] == ninja.BIN_DIR
