@@ -57,10 +57,8 @@ import numpy as np
 import torch
 
 from .models import GROUPED_SDPA
+from .rules_adapter import MULTI_DRAFT_RULES, SINGLE_DRAFT_RULES
 from .sampling import SamplingConfig, probs
-
-MULTI_DRAFT_RULES = ("kseq", "rrs", "rrs_wor", "optimal", "optimal_wor")
-SINGLE_DRAFT_RULES = ("token", "block", "gumbel")
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

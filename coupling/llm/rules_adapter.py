@@ -16,8 +16,11 @@ import torch
 PLAIN = "plain"
 
 
+#: engine rule names that verify one draft chain (k = 1) and those that verify k branches
+SINGLE_DRAFT_RULES = ("token", "block", "gumbel")
+MULTI_DRAFT_RULES = ("kseq", "rrs", "rrs_wor", "optimal", "optimal_wor")
 #: every rule name the engine takes
-RULES = ("token", "block", "kseq", "rrs", "rrs_wor", "optimal", "optimal_wor", "gumbel")
+RULES = SINGLE_DRAFT_RULES[:2] + MULTI_DRAFT_RULES + SINGLE_DRAFT_RULES[2:]
 #: engine rule names whose k branches start with k *distinct* tokens (successive sampling from
 #: q_1), and the backend verifier that checks them with ``replacement=False``
 WITHOUT_REPLACEMENT = {"rrs_wor": "rrs", "optimal_wor": "optimal"}
