@@ -181,3 +181,20 @@ def test_the_ninja_wheel_is_put_on_path_when_none_is_there(monkeypatch):
     monkeypatch.setenv("PATH", "/nowhere")
     int8_kernel._put_ninja_on_path()
     assert os.environ["PATH"].split(os.pathsep)[0] == ninja.BIN_DIR
+
+
+def test_the_build_directory_is_keyed_by_the_source_not_the_checkout(monkeypatch, tmp_path):
+    """Every checkout with the same kernel source builds in (and loads from) one directory,
+    compiling a copy of the source kept there: ninja would rebuild on a new source path."""
+    import hashlib
+
+    monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
+    first = int8_kernel._build_directory()
+    digest = hashlib.sha256(int8_kernel.SOURCE.read_bytes()).hexdigest()[:16]
+    assert first.parent == tmp_path / "torch_extensions" and digest in first.name
+    copy = first / int8_kernel.SOURCE.name
+    assert copy.read_bytes() == int8_kernel.SOURCE.read_bytes()
+    copy.write_bytes(b"// stale")                       # a torn or older copy is replaced
+    assert int8_kernel._build_directory() == first
+    assert copy.read_bytes() == int8_kernel.SOURCE.read_bytes()
+    assert sorted(p.name for p in first.iterdir()) == [int8_kernel.SOURCE.name]

@@ -21,8 +21,8 @@ When
 instruction set torch reports as AVX2 (where it was measured to win), ``avx2`` forces it on any
 x86 CPU with AVX2, ``torch`` keeps ``_weight_int8pack_mm``. The extension is compiled on first
 use with ``torch.utils.cpp_extension`` (a C++ compiler and ninja, the ``ninja`` wheel of the
-``llm`` extra; about 40 s) into
-``$COUPLING_CACHE/torch_extensions`` and loaded from there afterwards. If it cannot be built or
+``llm`` extra; about 40 s) into ``$COUPLING_CACHE/torch_extensions``, one directory per source
+digest and torch version, and loaded from there afterwards. If it cannot be built or
 loaded, :func:`kernel` returns None, :func:`status` says why, and ``Int8Linear`` keeps torch's
 kernel: the model is then the same up to float rounding, only slower.
 """
@@ -30,8 +30,10 @@ kernel: the model is then the same up to float rounding, only slower.
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -52,11 +54,21 @@ def choice() -> str:
 
 
 def _build_directory() -> Path:
+    """``$COUPLING_CACHE/torch_extensions/int8_mm_avx2_<source digest>_torch<version>``, holding
+    a copy of the source. ninja rebuilds whenever a command line changes, source path included,
+    so building from the checkout's own path would rebuild the shared library each time another
+    checkout (a fresh clone, a worktree) loads it, and overwrite it under running processes."""
     from .models import cache_dir
 
-    tag = torch.__version__.replace("+", "_")
-    path = cache_dir() / "torch_extensions" / f"int8_mm_avx2_torch{tag}"
+    code = SOURCE.read_bytes()
+    tag = f"{hashlib.sha256(code).hexdigest()[:16]}_torch{torch.__version__.replace('+', '_')}"
+    path = cache_dir() / "torch_extensions" / f"int8_mm_avx2_{tag}"
     path.mkdir(parents=True, exist_ok=True)
+    copy = path / SOURCE.name
+    if not copy.exists() or copy.read_bytes() != code:
+        tmp = path / f".{SOURCE.name}.{os.getpid()}"
+        tmp.write_bytes(code)
+        os.replace(tmp, copy)                     # atomic: a concurrent reader sees old or new
     return path
 
 
@@ -79,16 +91,20 @@ def _compiled(force: bool):
     if not force and cap != "AVX2":
         _status["kernel"] = f"torch: this CPU's capability is {cap}, not AVX2 ({ENV}=avx2 forces)"
         return None
-    if cap not in ("AVX2", "AVX512"):
+    if not cap.startswith(("AVX2", "AVX512")):
         _status["kernel"] = f"torch: this CPU's capability is {cap}; the kernel needs AVX2"
         return None
     try:
         from torch.utils.cpp_extension import load
 
         _put_ninja_on_path()
-        ext = load(name="coupling_int8_mm_avx2", sources=[str(SOURCE)],
+        build = _build_directory()
+        if not any(build.glob("*.so")):        # a silent 40 s pause would look like a hang
+            print(f"coupling: building the AVX2 int8 kernel once (about 40 s) into {build}",
+                  file=sys.stderr, flush=True)
+        ext = load(name="coupling_int8_mm_avx2", sources=[str(build / SOURCE.name)],
                    extra_cflags=["-O3", "-mavx2", "-mfma", "-fopenmp"],
-                   extra_ldflags=["-fopenmp"], build_directory=str(_build_directory()),
+                   extra_ldflags=["-fopenmp"], build_directory=str(build),
                    verbose=False)
     except Exception as exc:  # no compiler, no ninja, a read-only cache: keep torch's kernel
         _status["kernel"] = f"torch: building the AVX2 kernel failed ({type(exc).__name__}: " \

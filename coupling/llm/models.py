@@ -432,11 +432,15 @@ class Int8Linear(torch.nn.Module):
         # cast of the module leaves it alone (on another device forward takes torch's path)
         self._scale_f32 = self.scale.float().contiguous()
         self._avx2 = self._avx2_kernel()
-        # the fallback's dequantised weight (a buffer, so that .to(device) moves it too)
-        self.register_buffer("dense", None if self._kernel_is_right() else self.dequantized(),
-                             persistent=False)
-        self.kernel = "avx2" if self._avx2 is not None else \
-            "torch" if self.dense is None else "dense"
+        # the fallback's dequantised weight (a buffer, so that .to(device) moves it too); torch's
+        # kernel is probed only where it will serve (each probe dequantises the whole weight)
+        self.register_buffer("dense", None if self._avx2 is not None or self._kernel_is_right()
+                             else self.dequantized(), persistent=False)
+
+    @property
+    def kernel(self) -> str:
+        """The product's path on a CPU: ``"avx2"``, ``"torch"`` or ``"dense"``."""
+        return "avx2" if self._avx2 is not None else "torch" if self.dense is None else "dense"
 
     @classmethod
     def from_linear(cls, lin: torch.nn.Linear) -> Int8Linear:
