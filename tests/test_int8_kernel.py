@@ -198,3 +198,10 @@ def test_the_build_directory_is_keyed_by_the_source_not_the_checkout(monkeypatch
     assert int8_kernel._build_directory() == first
     assert copy.read_bytes() == int8_kernel.SOURCE.read_bytes()
     assert sorted(p.name for p in first.iterdir()) == [int8_kernel.SOURCE.name]
+
+
+def test_status_follows_the_setting_back_and_forth(mm, monkeypatch):
+    monkeypatch.setenv(int8_kernel.ENV, "torch")
+    assert int8_kernel.kernel() is None and int8_kernel.status().startswith("torch (")
+    monkeypatch.setenv(int8_kernel.ENV, "avx2")
+    assert int8_kernel.kernel() is mm and int8_kernel.status() == "avx2"

@@ -86,14 +86,12 @@ def _put_ninja_on_path() -> None:
 
 @functools.cache
 def _compiled(force: bool):
-    """The compiled extension module, or None (the reason goes to :func:`status`)."""
+    """(the compiled extension module or None, the reason :func:`status` reports)."""
     cap = torch.backends.cpu.get_cpu_capability()
     if not force and cap != "AVX2":
-        _status["kernel"] = f"torch: this CPU's capability is {cap}, not AVX2 ({ENV}=avx2 forces)"
-        return None
+        return None, f"torch: this CPU's capability is {cap}, not AVX2 ({ENV}=avx2 forces)"
     if not cap.startswith(("AVX2", "AVX512")):
-        _status["kernel"] = f"torch: this CPU's capability is {cap}; the kernel needs AVX2"
-        return None
+        return None, f"torch: this CPU's capability is {cap}; the kernel needs AVX2"
     try:
         from torch.utils.cpp_extension import load
 
@@ -107,25 +105,22 @@ def _compiled(force: bool):
                    extra_ldflags=["-fopenmp"], build_directory=str(build),
                    verbose=False)
     except Exception as exc:  # no compiler, no ninja, a read-only cache: keep torch's kernel
-        _status["kernel"] = f"torch: building the AVX2 kernel failed ({type(exc).__name__}: " \
-                            f"{str(exc).strip().splitlines()[-1] if str(exc).strip() else ''})"
-        warnings.warn(f"coupling: {_status['kernel']}", RuntimeWarning, stacklevel=3)
-        return None
-    _status["kernel"] = "avx2"
-    return ext
+        last = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+        why = f"torch: building the AVX2 kernel failed ({type(exc).__name__}: {last})"
+        warnings.warn(f"coupling: {why}", RuntimeWarning, stacklevel=4)
+        return None, why
+    return ext, "avx2"
 
 
 def kernel():
     """The AVX2 extension's ``int8_mm(x, w, scale)`` or None when torch's kernel is to be used
     (:func:`status` says why)."""
     mode = choice()
-    if mode == "torch":
-        _status["kernel"] = f"torch ({ENV}=torch)"
-        return None
-    ext = _compiled(mode == "avx2")
+    ext, why = (None, f"torch ({ENV}=torch)") if mode == "torch" else _compiled(mode == "avx2")
+    _status["kernel"] = why
     return None if ext is None else ext.int8_mm
 
 
 def status() -> str:
-    """Which kernel the int8 layers built so far use, and why: ``"avx2"`` or ``"torch: ..."``."""
+    """Which kernel the last int8 layer built uses, and why: ``"avx2"`` or ``"torch ..."``."""
     return _status["kernel"]
