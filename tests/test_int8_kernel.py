@@ -183,14 +183,18 @@ def test_the_ninja_wheel_is_put_on_path_when_none_is_there(monkeypatch):
     assert os.environ["PATH"].split(os.pathsep)[0] == ninja.BIN_DIR
 
 
-def test_the_build_directory_is_keyed_by_the_source_not_the_checkout(monkeypatch, tmp_path):
-    """Every checkout with the same kernel source builds in (and loads from) one directory,
-    compiling a copy of the source kept there: ninja would rebuild on a new source path."""
+def test_the_build_directory_is_keyed_by_source_and_torch_not_the_checkout(monkeypatch,
+                                                                           tmp_path):
+    """Every checkout with the same kernel source and torch installation builds in (and loads
+    from) one directory, compiling a copy of the source kept there: ninja would rebuild on a
+    new source path; another torch installation (another venv) gets its own directory."""
     import hashlib
+    from pathlib import Path
 
     monkeypatch.setenv("COUPLING_CACHE", str(tmp_path))
     first = int8_kernel._build_directory()
-    digest = hashlib.sha256(int8_kernel.SOURCE.read_bytes()).hexdigest()[:16]
+    home = str(Path(torch.__file__).resolve().parent).encode()
+    digest = hashlib.sha256(int8_kernel.SOURCE.read_bytes() + b"\0" + home).hexdigest()[:16]
     assert first.parent == tmp_path / "torch_extensions" and digest in first.name
     copy = first / int8_kernel.SOURCE.name
     assert copy.read_bytes() == int8_kernel.SOURCE.read_bytes()
@@ -198,6 +202,9 @@ def test_the_build_directory_is_keyed_by_the_source_not_the_checkout(monkeypatch
     assert int8_kernel._build_directory() == first
     assert copy.read_bytes() == int8_kernel.SOURCE.read_bytes()
     assert sorted(p.name for p in first.iterdir()) == [int8_kernel.SOURCE.name]
+    other = tmp_path / "torch_elsewhere" / "torch" / "__init__.py"
+    monkeypatch.setattr(int8_kernel.torch, "__file__", str(other))
+    assert int8_kernel._build_directory() != first
 
 
 def test_status_follows_the_setting_back_and_forth(mm, monkeypatch):

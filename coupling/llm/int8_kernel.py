@@ -5,15 +5,17 @@ Why
 Speculative decoding sells a target call that scores ``gamma + 1`` tokens for about the price of
 a one-token call. On a CPU without bf16 instructions (AVX2 only) torch's weight-only int8 kernel
 (``aten._weight_int8pack_mm``) grows with the rows it scores: on SmolLM2's projections 2 rows
-cost 1.1-1.3 and 4 rows 1.6-2.0 times one row (``benchmarks/bench_cpu_matmul.py``). The kernel
+cost 1.0-1.2 and 4 rows 1.3-1.5 times one row (``benchmarks/bench_cpu_matmul.py``). The kernel
 here (``csrc/int8_mm_avx2.cpp``) widens each int8 weight to float once per group of up to four
-rows of ``x`` and feeds it to one FMA per row, so 2-4 rows stream the weights once:
+rows of ``x`` and feeds it to one FMA per row, so 2-4 rows stream the weights once (one row
+costs about 0.75 of torch's, 2 and 3 rows 1.0 and 1.1 times one row here):
 
     y[m, n] = s[n] * sum_k x[m, k] * Wq[n, k]
 
 with float32 accumulation. Each output's sum is the same sequence of FMAs whatever the number of
 rows and the thread split, so a row's result is bit for bit the same whether it is scored alone
-or with 50 others: a token's logits never depend on the tokens it is verified with.
+or with 50 others: a token's projections never depend on the tokens it is verified with (the
+model's attention kernel may still round differently in calls of different lengths).
 
 When
 ----
@@ -21,8 +23,9 @@ When
 instruction set torch reports as AVX2 (where it was measured to win), ``avx2`` forces it on any
 x86 CPU with AVX2, ``torch`` keeps ``_weight_int8pack_mm``. The extension is compiled on first
 use with ``torch.utils.cpp_extension`` (a C++ compiler and ninja, the ``ninja`` wheel of the
-``llm`` extra; about 40 s) into ``$COUPLING_CACHE/torch_extensions``, one directory per source
-digest and torch version, and loaded from there afterwards. If it cannot be built or
+``llm`` extra; about 40 s) into ``$COUPLING_CACHE/torch_extensions``, one directory per kernel
+source and torch installation (so once per virtual environment), and loaded from there
+afterwards. If it cannot be built or
 loaded, :func:`kernel` returns None, :func:`status` says why, and ``Int8Linear`` keeps torch's
 kernel: the model is then the same up to float rounding, only slower.
 """
@@ -54,14 +57,17 @@ def choice() -> str:
 
 
 def _build_directory() -> Path:
-    """``$COUPLING_CACHE/torch_extensions/int8_mm_avx2_<source digest>_torch<version>``, holding
-    a copy of the source. ninja rebuilds whenever a command line changes, source path included,
-    so building from the checkout's own path would rebuild the shared library each time another
-    checkout (a fresh clone, a worktree) loads it, and overwrite it under running processes."""
+    """``$COUPLING_CACHE/torch_extensions/int8_mm_avx2_<digest>_torch<version>``, holding a copy
+    of the source; the digest covers the source and the torch installation compiled against.
+    ninja rebuilds whenever a command line changes, and the source's and torch's paths are on
+    it: keyed by less, every checkout and every virtual environment would rebuild the shared
+    library in turn, overwriting it under the processes that have it loaded."""
     from .models import cache_dir
 
     code = SOURCE.read_bytes()
-    tag = f"{hashlib.sha256(code).hexdigest()[:16]}_torch{torch.__version__.replace('+', '_')}"
+    torch_home = str(Path(torch.__file__).resolve().parent).encode()
+    digest = hashlib.sha256(code + b"\0" + torch_home).hexdigest()[:16]
+    tag = f"{digest}_torch{torch.__version__.replace('+', '_')}"
     path = cache_dir() / "torch_extensions" / f"int8_mm_avx2_{tag}"
     path.mkdir(parents=True, exist_ok=True)
     copy = path / SOURCE.name
