@@ -86,6 +86,18 @@ def print_table(tot: dict[str, list[float]], label: str, width: int) -> None:
               f"{1e3 * ts / c:14.1f} {1e3 * ds / c:13.2f} {1e3 * (s - ts - ds) / c:13.2f}")
 
 
+def int8_target(kernel: str):
+    """The bf16 target with weight-only int8 layers built on ``kernel`` (``"torch"`` or
+    ``"avx2"``, :mod:`coupling.llm.int8_kernel`). The setting is read as each layer is built, so
+    it is set here, before. Check ``target.lm_head.kernel``: ``"avx2"`` may be unavailable."""
+    import os
+
+    from coupling.llm import int8_kernel, models
+
+    os.environ[int8_kernel.ENV] = kernel
+    return models.quantize_target_int8(models.load_target("bfloat16"))
+
+
 class TargetStep:
     """The real target's step, timed in this process: the denominator of the verification
     calls' "% of a step", so that both sides see the same machine (on this shared CPU the

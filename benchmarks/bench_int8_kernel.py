@@ -29,9 +29,9 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-    from ab_common import TargetStep
+    from ab_common import TargetStep, int8_target
 
-    from coupling.llm import int8_kernel, models
+    from coupling.llm import int8_kernel
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -42,11 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     sizes = [int(n) for n in args.sizes.split(",")]
 
-    targets = {}
-    for kernel in ("torch", "avx2"):
-        os.environ[int8_kernel.ENV] = kernel              # read as the layers are built
-        targets[kernel] = models.quantize_target_int8(models.load_target("bfloat16"))
-        if targets[kernel].lm_head.kernel != kernel:
+    targets = {kernel: int8_target(kernel) for kernel in ("torch", "avx2")}
+    for kernel, target in targets.items():
+        if target.lm_head.kernel != kernel:
             raise SystemExit(f"no {kernel} kernel here: {int8_kernel.status()}")
     steps = [(k, n, TargetStep(new=n, seed=n, model=m)) for k, m in targets.items() for n in sizes]
     cells: dict[tuple[str, int], list[float]] = {(k, n): [] for k, n, _ in steps}

@@ -121,6 +121,7 @@ def smooth_quant(model, calib, alpha: float):
 
 def main(argv: list[str] | None = None) -> int:
     import torch
+    from ab_common import int8_target
 
     from coupling.llm import demo, int8_kernel, models
     from coupling.llm import engine as E
@@ -138,10 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--smooth-alpha", type=float, default=0.65)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-
-    def int8_target(kernel: str):
-        os.environ[int8_kernel.ENV] = kernel            # read as the layers are built
-        return models.quantize_target_int8(models.load_target("bfloat16"))
 
     tok = models.load_tokenizer()
     cfg = SamplingConfig(0.7, 50, 0.95)
