@@ -41,7 +41,7 @@ def reference(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor
 
 
 @pytest.mark.parametrize("n,k", [(1, 16), (7, 32), (13, 576), (192, 576), (1537, 64)])
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 9])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 9, 13])
 def test_kernel_equals_the_dequantised_product(mm, n, k, m):
     w, s = quantized(n, k, seed=n + k + m)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(m))
@@ -56,7 +56,7 @@ def test_kernel_equals_the_dequantised_product(mm, n, k, m):
 
 
 @settings(max_examples=40, deadline=None)
-@given(m=st.integers(1, 11), n=st.integers(1, 40), k16=st.integers(1, 8),
+@given(m=st.integers(1, 14), n=st.integers(1, 40), k16=st.integers(1, 8),
        row=st.integers(0, 10), seed=st.integers(0, 2**16))
 def test_a_rows_result_does_not_depend_on_the_rows_it_is_scored_with(m, n, k16, row, seed):
     """Bit for bit: a row alone, the same row among m others at any place, and under another

@@ -433,7 +433,11 @@ def sample_chain(q1: torch.Tensor, step, expand, gamma: int, k: int, gen: torch.
             raise ValueError("gumbel drafting is single-branch (k=1)")
         x = _gumbel_draft(q1, gumbel[0], gumbel[1])
     elif distinct_first:
-        x = torch.multinomial(q1[0], k, replacement=False, generator=gen)
+        # successive sampling on the tokens of positive mass only: the same law (a zero-mass
+        # token is never drawn), but a draw over U <= top-k entries instead of V (1.7 ms of a
+        # step at V = 49152 on the reference CPU)
+        support = q1[0].nonzero().squeeze(-1)
+        x = support[torch.multinomial(q1[0, support], k, replacement=False, generator=gen)]
     else:
         x = _sample_rows(q1.expand(k, -1).contiguous(), gen)
     toks = [x]

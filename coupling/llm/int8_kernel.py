@@ -6,9 +6,10 @@ Speculative decoding sells a target call that scores ``gamma + 1`` tokens for ab
 a one-token call. On a CPU without bf16 instructions (AVX2 only) torch's weight-only int8 kernel
 (``aten._weight_int8pack_mm``) grows with the rows it scores: on SmolLM2's projections 2 rows
 cost 1.0-1.2 and 4 rows 1.3-1.5 times one row (``benchmarks/bench_cpu_matmul.py``). The kernel
-here (``csrc/int8_mm_avx2.cpp``) widens each int8 weight to float once per group of up to four
-rows of ``x`` and feeds it to one FMA per row, so 2-4 rows stream the weights once (one row
-costs about 0.75 of torch's, 2 and 3 rows 1.0 and 1.1 times one row here):
+here (``csrc/int8_mm_avx2.cpp``) widens each int8 weight to float once per group of up to six
+rows of ``x`` and feeds it to one FMA per row, so 2-6 rows stream the weights once (one row
+costs about 0.75 of torch's; 2, 3, 4, 5, 6 rows 1.1, 1.2, 1.35, 1.5, 1.85 times one row here:
+each row beyond the first few costs its FMAs at about the CPU's peak rate):
 
     y[m, n] = s[n] * sum_k x[m, k] * Wq[n, k]
 

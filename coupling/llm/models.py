@@ -414,9 +414,9 @@ class Int8Linear(torch.nn.Module):
 
     On an AVX2 CPU the product runs :mod:`coupling.llm.int8_kernel`'s kernel instead (the same
     quantized weights; float32 accumulation, so the result equals torch's kernel up to
-    rounding): 2 or 3 rows cost 1.0-1.1 times one row there (4 rows 1.3; torch's kernel 1.2 /
-    1.2 / 1.3 from a 1.3x dearer row), and a row's result does not depend on the other rows of
-    the call. ``kernel`` names the path taken: ``"avx2"``, ``"torch"``
+    rounding): 2 or 3 rows cost 1.0-1.2 times one row there (4 rows 1.3, 5 rows 1.5; torch's
+    kernel 1.2 / 1.2 / 1.3 / 2.1 from a 1.3x dearer row), and a row's result does not depend on
+    the other rows of the call. ``kernel`` names the path taken: ``"avx2"``, ``"torch"``
     (``_weight_int8pack_mm``) or ``"dense"`` (the dequantised fallback).
     """
 
