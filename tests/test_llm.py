@@ -312,8 +312,9 @@ def test_forward_tree_scores_each_branch_as_its_own_sequence(pair, fed, k, g, br
         torch.testing.assert_close(logits[j].float(),
                                    fresh_logits(target, seq)[len(held) + fed - 1:],
                                    atol=1e-5, rtol=1e-5)
-    lm.select_branch(branch)
-    seq = held + feed + drafts[branch].tolist()
+    keep = g if branch % 2 else g - 1          # the whole branch, or its accepted prefix
+    lm.select_branch(branch, keep=keep)
+    seq = held + feed + drafts[branch].tolist()[:keep]
     assert lm.tokens == [seq] and lm.cache.get_seq_length() == len(seq)
     with torch.no_grad():
         ref = target(torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0]
@@ -344,6 +345,8 @@ def test_forward_tree_guards_and_the_batch_fallback(pair, monkeypatch):
         lm.forward_tree([3], torch.tensor([[1], [2]]))
     with pytest.raises(ValueError, match="branch=2"):
         lm.select_branch(2)
+    with pytest.raises(ValueError, match="keep=2"):
+        lm.select_branch(1, keep=2)
     lm.select_branch(1)
     assert lm.tokens == [[1, 2, 3, 2]] and lm.cache.get_seq_length() == 4
     assert E.supports_tree(target)

@@ -222,27 +222,36 @@ class CachedLM:
                           1 + torch.arange(k * g).reshape(k, g)], 1)            # [k, g + 1]
         return logits[0, f - 1:], rows.to(dev)
 
-    def select_branch(self, branch: int) -> None:
-        """After :meth:`forward_tree`: keep the chosen branch's entries, contiguous after feed."""
+    def select_branch(self, branch: int, keep: int | None = None) -> None:
+        """After :meth:`forward_tree`: keep the chosen branch's first ``keep`` entries (all g
+        by default), contiguous after feed; the rest of the tree is dropped.
+
+        ``keep`` = the accepted length saves copying entries the next :meth:`sync` would crop
+        (a rejected first token keeps none: no copy at all). Each layer's copy is one
+        ``copy_`` between disjoint slices (a later branch starts after the first one ends).
+        """
         if self.tree is None:
             raise RuntimeError("select_branch needs a pending forward_tree call")
         base, branches = self.tree
         k, g = len(branches), len(branches[0])
         if not 0 <= branch < k:
             raise ValueError(f"branch={branch} must be in [0, {k})")
+        keep = g if keep is None else keep
+        if not 0 <= keep <= g:
+            raise ValueError(f"keep={keep} must be in [0, {g}]")
         src = base + branch * g
-        if branch:
+        if branch and keep:
             for layer in self.cache.layers:
-                layer.keys[:, :, base:base + g] = layer.keys[:, :, src:src + g].clone()
-                layer.values[:, :, base:base + g] = layer.values[:, :, src:src + g].clone()
+                for t in (layer.keys, layer.values):
+                    t.narrow(2, base, keep).copy_(t.narrow(2, src, keep))
             if self.feats is not None:
-                self.feats[:, base:base + g] = self.feats[:, src:src + g].clone()
-        drop = (k - 1) * g
+                self.feats.narrow(1, base, keep).copy_(self.feats.narrow(1, src, keep))
+        drop = k * g - keep
         if drop:
             self.cache.crop(-drop)
             if self.feats is not None:
-                self.feats = self.feats[:, :base + g]
-        self.tokens = [self.tokens[0] + branches[branch]]
+                self.feats = self.feats[:, :base + keep]
+        self.tokens = [self.tokens[0] + branches[branch][:keep]]
         self.tree = None
 
     def select(self, row: int) -> None:
@@ -531,7 +540,7 @@ def verify(target: CachedLM, seq: list[int], drafts: torch.Tensor, q: torch.Tens
     m, c, emitted = rules_adapter.decide(rule, drafts, q, p, seed, position,
                                          replacement=replacement)
     if k > 1 and tree:
-        target.select_branch(c)
+        target.select_branch(c, keep=m)
     else:
         target.select(c)
     return m, c, emitted, p
