@@ -10,16 +10,24 @@ best gamma is where the two meet, and it moves from machine to machine; Leviatha
 (2023, section 3.4) choose it from a and the price ratio, this script measures it.
 
 For each demo prompt (``coupling/data/prompts.json``, 96 new tokens, the demo's sampling
-settings, seed = prompt index): plain autoregressive sampling, then every (gamma, rule), the
-gammas' order rotated from prompt to prompt. The feature draft runs as the demo runs it (int8,
+settings, seed = prompt index): plain autoregressive sampling, then every (gamma, rule), their
+order rotated from prompt to prompt. The feature draft runs as the demo runs it (int8,
 the head subset ``models.DRAFT_HEAD_TOKENS``, its calibrated logit scale); ``--target-quant
 int8`` quantizes the target after the draft took its shared tensors, as ``coupling demo
 --target-quant int8`` does.
+
+``--rules`` also takes multi-draft rules as ``rule:k`` (``rrs:2``, ``optimal_wor:2``: k branches
+verified as one row with tree attention, as the demo runs them), so the single- and multi-draft
+rules can be compared at one gamma in one process. ``--predict on`` runs the engine as ``coupling
+demo`` does, with the coupling analysis after every step (its time is excluded from the timing,
+but it runs between the calls); ``both`` runs each method both ways.
 
 Usage::
 
     python benchmarks/bench_gamma.py --target-quant int8
     python benchmarks/bench_gamma.py --gammas 1,2 --rules token --prompts 4
+    python benchmarks/bench_gamma.py --target-quant int8 --threads 2 --gammas 1 \
+        --rules block,rrs:2,optimal_wor:2,rrs:4
 """
 
 from __future__ import annotations
@@ -41,7 +49,10 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gammas", type=str, default="1,2,3,4")
-    ap.add_argument("--rules", type=str, default="token,block")
+    ap.add_argument("--rules", type=str, default="token,block",
+                    help="comma-separated rules; rule:k for k branches (multi-draft rules)")
+    ap.add_argument("--predict", choices=("off", "on", "both"), default="off",
+                    help="run the engine with the demo's per-step analysis (predict=True)")
     ap.add_argument("--target-quant", choices=("none", "int8"), default="none")
     add_run_args(ap)
     args = ap.parse_args(argv)
@@ -53,19 +64,25 @@ def main(argv: list[str] | None = None) -> int:
         models.quantize_target_int8(target)
     tok, cfg, prompts = demo_prompts(args.prompts)
 
-    def method(rule: str, gamma: int):
-        return lambda p, kw: E.generate(target, FeatureDrafter(draft), p, rule=rule,
-                                        gamma=gamma, **kw)
+    def method(rule: str, k: int, gamma: int, predict: bool):
+        return lambda p, kw: E.generate(target, FeatureDrafter(draft), p, rule=rule, k=k,
+                                        gamma=gamma, predict=predict, **kw)
 
-    groups = [[(f"gamma={g} {rule}", method(rule, g)) for rule in args.rules.split(",")]
-              for g in map(int, args.gammas.split(","))]
+    rules = [(r.split(":")[0], int(r.split(":")[1]) if ":" in r else 1)
+             for r in args.rules.split(",")]
+    modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.predict]
+    # one group per method: the order of all of them rotates from prompt to prompt
+    groups = [[(f"gamma={g} {rule}{f' k={k}' if k > 1 else ''}"
+                f"{' predict' if pr and args.predict == 'both' else ''}",
+                method(rule, k, g, pr))]
+              for g in map(int, args.gammas.split(",")) for rule, k in rules for pr in modes]
     tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
                        eos_token_id=tok.eos_token_id)
     print(f"feature draft (int8, {models.DRAFT_HEAD_TOKENS}-token head, "
           f"s = {draft.logit_scale:g}), target bf16"
           f"{' + int8 weights' if args.target_quant == 'int8' else ''}, {len(prompts)} prompts"
           f" x {args.max_new_tokens} tokens, {args.threads} thread(s)")
-    print_table(tot, "method", 16)
+    print_table(tot, "method", max(16, *(len(name) for grp in groups for name, _ in grp)))
     return 0
 
 
