@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-costs", action="store_true")
     args, rest = ap.parse_known_args(argv)
 
-    dargs = demo._parser().parse_args((["--quick"] if args.quick else []) + rest)
+    dargs = demo.resolve_auto(demo._parser().parse_args((["--quick"] if args.quick else [])
+                                                        + rest))
     if dargs.threads:
         import torch
 

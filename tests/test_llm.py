@@ -850,7 +850,6 @@ def test_distinct_first_tokens_follow_successive_sampling():
     successive-sampling law P(a, b) = q_a q_b / (1 - q_a): chi-square at a 1e-3 false-positive
     rate on 20000 draws (fixed seed), and the same counts reject the law of two i.i.d. draws
     conditioned on being distinct, q_a q_b / (1 - sum q^2) (negative control)."""
-
     q = np.array([0.0, 0.5, 0.0, 0.25, 0.15, 0.0, 0.1, 0.0])
     q1 = torch.tensor(q[None], dtype=torch.float32)
     gen = torch.Generator().manual_seed(3)
@@ -1207,3 +1206,30 @@ def test_demo_states_what_parallel_verification_cost():
     quant = "int8"
     assert "--target-quant" not in verification_price(res(88.0, (1.38, 1.55)))
     assert verification_price({"rules": {}, "autoregressive_target_call_ms": 50.0}) is None
+
+
+def test_demo_picks_the_int8_target_and_gamma_1_only_where_the_cpu_is_avx2():
+    """``--target-quant auto`` and an unset ``--gamma``: the weight-only int8 target at gamma 1
+    on a CPU whose best instruction set is AVX2 (no native bf16 products), the bf16 target at
+    gamma 2 on an AVX-512 CPU and on CUDA; explicit values are kept, and each choice made
+    here is said."""
+    from coupling.llm.demo import _parser, auto_settings, resolve_auto
+
+    quant, gamma, why = auto_settings("cpu", "auto", None, capability="AVX2")
+    assert (quant, gamma) == ("int8", 1) and len(why) == 2 and "AVX2" in why[0]
+    assert auto_settings("cpu", "auto", None, capability="AVX512")[:2] == ("none", 2)
+    assert auto_settings("cuda", "auto", None)[:2] == ("none", 2)
+    assert auto_settings("cpu", "none", None, capability="AVX2")[:2] == ("none", 2)
+    assert auto_settings("cpu", "int8", None, capability="AVX512")[:2] == ("int8", 1)
+    assert auto_settings("cpu", "auto", 3, capability="AVX2")[:2] == ("int8", 3)
+    assert auto_settings("cpu", "none", 2, capability="AVX2") == ("none", 2, [])
+    args = _parser().parse_args(["--target-quant", "none", "--gamma", "4"])
+    assert args.target_quant == "none" and args.gamma == 4
+    resolve_auto(args)
+    assert (args.target_quant, args.gamma, args.auto) == ("none", 4, [])
+    args = _parser().parse_args([])
+    assert (args.target_quant, args.gamma) == ("auto", None)
+    resolve_auto(args)
+    assert args.target_quant in ("none", "int8") and args.gamma in (1, 2) and args.auto
+    args.gamma = 5
+    assert resolve_auto(args).gamma == 5                      # resolved once

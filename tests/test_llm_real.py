@@ -404,7 +404,8 @@ def test_demo_runs_end_to_end_and_writes_the_promised_json(tmp_path):
     assert res["settings"]["multi_draft_layout"] == "tree"
     stored_params = res["models"]["target_params"]
     assert demo.main(["--prompts", "1", "--max-new-tokens", "3", "--methods", "rrs_k2",
-                      "--multi-draft-layout", "batch", "--no-progress", "--json", str(out)]) == 0
+                      "--multi-draft-layout", "batch", "--target-quant", "none", "--no-progress",
+                      "--json", str(out)]) == 0
     res = json.loads(out.read_text())
     assert res["settings"]["multi_draft_layout"] == "batch"
     row = res["rules"]["rrs_k2"]
@@ -417,5 +418,8 @@ def test_demo_runs_end_to_end_and_writes_the_promised_json(tmp_path):
     res = json.loads(out.read_text())
     assert res["models"]["target_quant"] == "int8"
     assert res["models"]["target_params"] == stored_params
+    assert res["settings"]["gamma"] == 1 and res["settings"]["auto"] == [
+        "--gamma 1: on the int8 target a second drafted token costs more than it adds "
+        "(benchmarks/bench_gamma.py)"]
     assert demo.main(["--prompts", "1", "--methods", "token", "--draft-logit-scale", "0",
                       "--no-progress"]) == 2

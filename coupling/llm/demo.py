@@ -83,7 +83,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--quick", action="store_true", help="3 prompts, 48 tokens, 7 methods")
     ap.add_argument("--prompts", type=int, default=None, help="number of prompts (default 8)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 96 (quick: 48)")
-    ap.add_argument("--gamma", type=int, default=2, help="drafted tokens per step")
+    ap.add_argument("--gamma", type=int, default=None,
+                    help="drafted tokens per step (default: 1 on the int8 target, else 2; "
+                         "see auto_settings)")
     ap.add_argument("--temperature", type=float, default=0.7)
     # top-k 50 bounds the support, which lets the exact LP-plan `optimal` sampler run (k = 2)
     ap.add_argument("--top-k", type=int, default=50)
@@ -97,10 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--draft-quant", choices=("int8", "none"), default="int8",
                     help="both drafts' own weights and head weight-only int8 (a draft step is "
                          "bound by reading its weights; the target always runs in --dtype)")
-    ap.add_argument("--target-quant", choices=("none", "int8"), default="none",
+    ap.add_argument("--target-quant", choices=("auto", "none", "int8"), default="auto",
                     help="int8: weight-only int8 target (models.quantize_target_int8), run by "
                          "every method alike; for CPUs without native bf16, where a bf16 call "
-                         "on a few tokens costs about twice a one-token call")
+                         "on a few tokens costs about twice a one-token call. auto (default): "
+                         "int8 on a CPU whose best instruction set is AVX2, else none")
     ap.add_argument("--draft-logit-scale", type=float, default=None,
                     help="multiply both drafts' logits by this before the sampling transforms "
                          "(default: the calibrated scale stored with each draft's weights, "
@@ -117,6 +120,57 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
+def auto_settings(device: str, target_quant: str, gamma: int | None,
+                  capability: str | None = None) -> tuple[str, int, list[str]]:
+    """Resolve ``--target-quant auto`` and an unset ``--gamma`` for this machine.
+
+    Returns ``(target_quant, gamma, why)``, ``why`` one line per setting chosen here.
+    ``capability`` is torch's name for the CPU's best instruction set (default: asked of
+    ``torch.backends.cpu.get_cpu_capability()``). Why these choices, as measured:
+
+    * on a CPU whose best instruction set is AVX2 (no native bf16 products), a bf16 target
+      scores 3 tokens for 1.5-2.1 one-token calls, which leaves every rule slower than plain
+      sampling; the weight-only int8 target, run by every method alike, scores them for
+      1.0-1.1 (docs/RESULTS.md, stops 15-21). Elsewhere (AVX-512, CUDA) the bf16 target
+      verifies for about a decoding call's price;
+    * on that int8 target a second drafted token costs more than it adds: gamma = 1 beat
+      gamma = 2 by 1.20-1.23x against 1.15-1.20x (stop 17) and 1.20x against 1.10-1.18x (stop
+      21) in same-process runs of ``benchmarks/bench_gamma.py``. Otherwise gamma = 2.
+
+    Explicit values are kept.
+    """
+    why = []
+    if target_quant == "auto":
+        if device.startswith("cpu"):
+            if capability is None:
+                import torch
+
+                capability = torch.backends.cpu.get_cpu_capability()
+            target_quant = "int8" if capability == "AVX2" else "none"
+            why.append(f"--target-quant {target_quant}: this CPU's best instruction set is "
+                       f"{capability}" + (" (no native bf16 products: a weight-only int8 "
+                                          "target verifies a few tokens for about one "
+                                          "decoding call)" if target_quant == "int8" else ""))
+        else:
+            target_quant = "none"
+            why.append(f"--target-quant none: device {device}")
+    if gamma is None:
+        gamma = 1 if target_quant == "int8" else 2
+        why.append(f"--gamma {gamma}" + (": on the int8 target a second drafted token costs "
+                                         "more than it adds (benchmarks/bench_gamma.py)"
+                                         if gamma == 1 else ""))
+    return target_quant, gamma, why
+
+
+def resolve_auto(args):
+    """Fill ``args.target_quant`` and ``args.gamma`` by :func:`auto_settings` (once); the lines
+    saying why go to ``args.auto``. Returns ``args``."""
+    if not hasattr(args, "auto"):
+        args.target_quant, args.gamma, args.auto = auto_settings(
+            args.device, args.target_quant, args.gamma)
+    return args
+
+
 def run(args) -> dict:
     """Run the comparison; return the JSON-able result dict."""
     import torch
@@ -126,6 +180,7 @@ def run(args) -> dict:
     from . import models, rules_adapter
     from .sampling import SamplingConfig
 
+    resolve_auto(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     n_prompts = args.prompts or (3 if args.quick else 8)
@@ -290,7 +345,8 @@ def run(args) -> dict:
                        "feature_draft_own_params": fdraft_params,
                        "feature_draft_logit_scale": fdraft.logit_scale}
                       if fdraft is not None else {})},
-        "settings": {**cfg.as_dict(), "gamma": args.gamma, "max_new_tokens": max_new,
+        "settings": {**cfg.as_dict(), "gamma": args.gamma, "auto": args.auto,
+                     "max_new_tokens": max_new,
                      "draft_head_tokens": args.draft_head,
                      "multi_draft_layout": "tree" if tree else "batch",
                      "prompts": n_prompts, "seed": args.seed, "quick": bool(args.quick),
@@ -407,6 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"sampling: temperature={s['temperature']} top_k={s['top_k']} top_p={s['top_p']}; "
           f"gamma={s['gamma']}; {s['prompts']} prompts x {s['max_new_tokens']} new tokens; "
           f"seed={s['seed']}; {s['torch_threads']} threads")
+    for line in s.get("auto", []):
+        print(f"auto: {line}")
     tok_rule = res["rules"].get("token")
     if tok_rule:
         print(f"target call {tok_rule['target_call_ms']:.1f} ms, draft call "

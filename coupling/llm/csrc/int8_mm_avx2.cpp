@@ -5,10 +5,10 @@
 // Why: speculative verification scores gamma + 1 rows where plain sampling scores one, and it
 // pays only if those rows cost about what one row costs. Each int8 weight is widened to float
 // once per group of up to 6 rows of x, so 2-6 rows stream the weights once (a row beyond the
-// first few then costs its FMAs at about the CPU's peak rate: the stream hides the rest). Every (row, output)
-// sum runs the same sequence of FMAs whatever M and the thread split are, so a row's result is
-// bit for bit the same in a call of 1 row or of 50 (a token's projections do not depend on the
-// tokens it is verified with).
+// first few then costs its FMAs at about the CPU's peak rate: the stream hides the rest).
+// Every (row, output) sum runs the same sequence of FMAs whatever M and the thread split are, so
+// a row's result is bit for bit the same in a call of 1 row or of 50 (a token's projections do
+// not depend on the tokens it is verified with).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
