@@ -48,7 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     from coupling.llm.feature_draft import FeatureDrafter, load_feature_draft
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--gammas", type=str, default="1,2,3,4")
+    ap.add_argument("--gammas", type=str, default="1,2,3,4",
+                    help="comma-separated draft lengths; gamma@c drafts gamma tokens only where "
+                         "the draft's first law peaks at c or more, else one "
+                         "(generate(draft_confidence=c))")
     ap.add_argument("--rules", type=str, default="token,block",
                     help="comma-separated rules; rule:k for k branches (multi-draft rules)")
     ap.add_argument("--predict", choices=("off", "on", "both"), default="off",
@@ -64,18 +67,25 @@ def main(argv: list[str] | None = None) -> int:
         models.quantize_target_int8(target)
     tok, cfg, prompts = demo_prompts(args.prompts)
 
-    def method(rule: str, k: int, gamma: int, predict: bool):
+    def method(rule: str, k: int, gamma: int, conf: float | None, predict: bool):
         return lambda p, kw: E.generate(target, FeatureDrafter(draft), p, rule=rule, k=k,
-                                        gamma=gamma, predict=predict, **kw)
+                                        gamma=gamma, predict=predict, draft_confidence=conf,
+                                        **kw)
+
+    def length(spec: str) -> tuple[int, float | None]:
+        g, _, c = spec.partition("@")
+        return int(g), (float(c) if c else None)
 
     rules = [(r.split(":")[0], int(r.split(":")[1]) if ":" in r else 1)
              for r in args.rules.split(",")]
     modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.predict]
     # one group per method: the order of all of them rotates from prompt to prompt
-    groups = [[(f"gamma={g} {rule}{f' k={k}' if k > 1 else ''}"
+    groups = [[(f"gamma={g}{f'@{c:g}' if c is not None else ''} {rule}"
+                f"{f' k={k}' if k > 1 else ''}"
                 f"{' predict' if pr and args.predict == 'both' else ''}",
-                method(rule, k, g, pr))]
-              for g in map(int, args.gammas.split(",")) for rule, k in rules for pr in modes]
+                method(rule, k, g, c, pr))]
+              for g, c in map(length, args.gammas.split(",")) for rule, k in rules
+              for pr in modes]
     tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
                        eos_token_id=tok.eos_token_id)
     print(f"feature draft (int8, {models.DRAFT_HEAD_TOKENS}-token head, "

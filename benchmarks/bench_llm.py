@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
         # iteration costs exactly one target call on gamma + 1 tokens
         t1 = costs["target_ms"]["B1_n1"]
         tv = costs["target_ms"].get(f"B1_n{dargs.gamma + 1}")
-        if tv:
+        # gated blocks mix calls of 2 and gamma + 1 tokens: only the run's own calls say
+        if tv and dargs.draft_confidence is None:
             checks["speedup_ceiling"] = {
                 n: r["block_efficiency"] * t1 / tv for n, r in rules.items() if r["k"] == 1}
             print(f"speedup ceiling (measured block efficiency x target step 1 token / "

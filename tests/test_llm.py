@@ -597,6 +597,52 @@ def test_negative_control_always_accept_is_detected(pair, monkeypatch):
     assert chi2_pvalue(counts, law) < 1e-3
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("rule,k,side", [("token", 1, "above"), ("token", 1, "below"),
+                                         ("block", 1, "above"), ("rrs", 2, "above")])
+def test_confidence_gated_blocks_follow_the_target_law(pair, rule, k, side):
+    """``draft_confidence``: blocks of gamma = 2 where the draft's first law peaks at the
+    threshold or more, of one token elsewhere. The threshold sits just above or just below
+    the first step's peak, so both lengths occur within the runs (asserted); the first two
+    tokens must still follow the target's law (level 1e-3, as above)."""
+    target, draft = pair
+    law = exact_two_token_law(target, PROMPT, CFG3)
+    peak = float(probs(fresh_next_logits(draft, PROMPT)[None], CFG3).max())
+    conf = peak + (-1e-6 if side == "above" else 1e-6)     # first step: gamma 2 / gamma 1
+    counts = np.zeros((V, V))
+    first, later = set(), set()
+    tlm, dr = E.CachedLM(target), E.ModelDrafter(draft)
+    for s in range(1000):
+        r = E.generate(target, dr, PROMPT, max_new_tokens=3, rule=rule, gamma=2, k=k, cfg=CFG3,
+                       seed=20_000 + s, target=tlm, draft_confidence=conf)
+        counts[r.tokens[0], r.tokens[1]] += 1
+        first.add(r.steps[0].drafted)
+        later.update(st.drafted for st in r.steps[1:])
+    assert first == {2 if side == "above" else 1}
+    assert later == {1, 2}                      # later steps take both lengths
+    assert chi2_pvalue(counts, law) > 1e-3
+
+
+def test_draft_confidence_picks_the_block_length_from_the_first_law():
+    """sample_chain drafts gamma tokens when max q1 reaches the threshold, else one; None
+    always drafts gamma; generate rejects a threshold outside [0, 1]."""
+    gen = torch.Generator().manual_seed(0)
+    flat = torch.full((1, 4), 0.25)
+    peaked = torch.tensor([[0.75, 0.125, 0.0625, 0.0625]])          # exact in float32
+
+    def step(x):
+        return peaked.expand(x.shape[0], -1)
+
+    for q1, conf, want in [(flat, 0.5, 1), (peaked, 0.5, 3), (peaked, 0.75, 3),
+                           (peaked, 0.76, 1), (flat, None, 3), (flat, 0.0, 3)]:
+        toks, qs = E.sample_chain(q1, step, lambda k: None, 3, 1, gen, confidence=conf)
+        assert toks.shape == (1, want) and qs.shape == (1, want, 4), (q1, conf)
+        assert torch.equal(qs[0, 0], q1[0])
+    for bad in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="draft_confidence"):
+            E.generate(None, None, PROMPT, max_new_tokens=2, draft_confidence=bad)
+
+
 def test_generate_validates_arguments(pair):
     target, draft = pair
     with pytest.raises(ValueError, match="k=2"):
@@ -1208,28 +1254,36 @@ def test_demo_states_what_parallel_verification_cost():
     assert verification_price({"rules": {}, "autoregressive_target_call_ms": 50.0}) is None
 
 
-def test_demo_picks_the_int8_target_and_gamma_1_only_where_the_cpu_is_avx2():
-    """``--target-quant auto`` and an unset ``--gamma``: the weight-only int8 target at gamma 1
-    on a CPU whose best instruction set is AVX2 (no native bf16 products), the bf16 target at
-    gamma 2 on an AVX-512 CPU and on CUDA; explicit values are kept, and each choice made
-    here is said."""
-    from coupling.llm.demo import _parser, auto_settings, resolve_auto
+def test_demo_picks_the_int8_target_and_gated_gamma_only_where_the_cpu_is_avx2():
+    """``--target-quant auto`` and an unset ``--gamma``: the weight-only int8 target at gamma 2
+    gated at a first-law peak of ``INT8_DRAFT_CONFIDENCE`` on a CPU whose best instruction set
+    is AVX2 (no native bf16 products), the bf16 target at an ungated gamma 2 on an AVX-512 CPU
+    and on CUDA; explicit values are kept (an explicit gamma is not gated unless asked), and
+    each choice made here is said."""
+    from coupling.llm.demo import INT8_DRAFT_CONFIDENCE, _parser, auto_settings, resolve_auto
 
-    quant, gamma, why = auto_settings("cpu", "auto", None, capability="AVX2")
-    assert (quant, gamma) == ("int8", 1) and len(why) == 2 and "AVX2" in why[0]
-    assert auto_settings("cpu", "auto", None, capability="AVX512")[:2] == ("none", 2)
-    assert auto_settings("cuda", "auto", None)[:2] == ("none", 2)
-    assert auto_settings("cpu", "none", None, capability="AVX2")[:2] == ("none", 2)
-    assert auto_settings("cpu", "int8", None, capability="AVX512")[:2] == ("int8", 1)
-    assert auto_settings("cpu", "auto", 3, capability="AVX2")[:2] == ("int8", 3)
-    assert auto_settings("cpu", "none", 2, capability="AVX2") == ("none", 2, [])
+    quant, gamma, conf, why = auto_settings("cpu", "auto", None, capability="AVX2")
+    assert (quant, gamma, conf) == ("int8", 2, INT8_DRAFT_CONFIDENCE) == ("int8", 2, 0.8)
+    assert len(why) == 2 and "AVX2" in why[0] and "0.8" in why[1]
+    assert auto_settings("cpu", "auto", None, capability="AVX512")[:3] == ("none", 2, None)
+    assert auto_settings("cuda", "auto", None)[:3] == ("none", 2, None)
+    assert auto_settings("cpu", "none", None, capability="AVX2")[:3] == ("none", 2, None)
+    assert auto_settings("cpu", "int8", None, capability="AVX512")[:3] == ("int8", 2, 0.8)
+    assert auto_settings("cpu", "int8", None, capability="AVX2",
+                         draft_confidence=0.5)[:3] == ("int8", 2, 0.5)
+    assert auto_settings("cpu", "auto", 3, capability="AVX2")[:3] == ("int8", 3, None)
+    assert auto_settings("cpu", "none", 2, capability="AVX2") == ("none", 2, None, [])
     args = _parser().parse_args(["--target-quant", "none", "--gamma", "4"])
     assert args.target_quant == "none" and args.gamma == 4
     resolve_auto(args)
-    assert (args.target_quant, args.gamma, args.auto) == ("none", 4, [])
+    assert (args.target_quant, args.gamma, args.draft_confidence, args.auto) == \
+        ("none", 4, None, [])
+    args = _parser().parse_args(["--gamma", "1", "--draft-confidence", "0.6"])
+    assert resolve_auto(args).draft_confidence == 0.6
     args = _parser().parse_args([])
     assert (args.target_quant, args.gamma) == ("auto", None)
     resolve_auto(args)
-    assert args.target_quant in ("none", "int8") and args.gamma in (1, 2) and args.auto
+    assert args.target_quant in ("none", "int8") and args.gamma == 2 and args.auto
+    assert args.draft_confidence == (0.8 if args.target_quant == "int8" else None)
     args.gamma = 5
     assert resolve_auto(args).gamma == 5                      # resolved once

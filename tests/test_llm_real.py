@@ -418,8 +418,9 @@ def test_demo_runs_end_to_end_and_writes_the_promised_json(tmp_path):
     res = json.loads(out.read_text())
     assert res["models"]["target_quant"] == "int8"
     assert res["models"]["target_params"] == stored_params
-    assert res["settings"]["gamma"] == 1 and res["settings"]["auto"] == [
-        "--gamma 1: on the int8 target a second drafted token costs more than it adds "
-        "(benchmarks/bench_gamma.py)"]
+    assert res["settings"]["gamma"] == 2 and res["settings"]["draft_confidence"] == 0.8
+    assert res["settings"]["auto"] == [
+        "--gamma 2 --draft-confidence 0.8: on the int8 target a second drafted token pays only "
+        "where the draft's first law peaks at 0.8 or more (benchmarks/bench_gamma.py)"]
     assert demo.main(["--prompts", "1", "--methods", "token", "--draft-logit-scale", "0",
                       "--no-progress"]) == 2

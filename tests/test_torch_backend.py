@@ -526,6 +526,68 @@ def test_batch_invariance(rule, device):
     assert not torch.equal(other.tokens, full.tokens)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(0, 2**32 - 1),
+    st.sampled_from(["token", "block"]),
+    st.integers(0, 4),
+    st.sampled_from([2, 3, 7, 60]),
+    st.sampled_from([torch.float32, torch.float64]),
+    st.booleans(),
+)
+def test_one_request_numpy_path_is_the_batched_path(case, rule, gamma, V, dtype, zeros):
+    """A request verified alone on a CPU takes the numpy path (``chain._one_request_numpy``:
+    token at any gamma, block at gamma <= 1); in a batch it takes the torch path. Both must give
+    the same verdict bit for bit, over many keys, with exact zeros in the laws, and with
+    q = p on the drafted path (ratios of exactly 1) in some requests."""
+    rng = np.random.default_rng(case)
+    B = 24
+    paths = [random_path(rng, V, gamma, alpha=0.4, zeros=zeros) for _ in range(B)]
+    for b in range(0, B, 5):                      # ratio exactly 1 along the whole path
+        x, P, Q = paths[b]
+        paths[b] = (x, np.vstack([Q, P[-1:]]) if gamma else P, Q)
+    x, P, Q = stack_paths(paths, dtype=dtype)
+    seeds = torch.tensor(rng.integers(0, 2**62, B))
+    pos = torch.tensor(rng.integers(0, 10**6, B))
+    fn = token if rule == "token" else block
+    batched = fn(x, P, Q, seeds=seeds, positions=pos)
+    for b in range(B):
+        one = fn(x[b : b + 1], P[b : b + 1], Q[b : b + 1], seeds=seeds[b : b + 1],
+                 positions=pos[b : b + 1])
+        for got, want in zip(one, batched, strict=True):
+            assert got.dtype == want.dtype and torch.equal(got[0], want[b]), (rule, gamma, b)
+
+
+def test_one_request_numpy_path_is_taken_only_where_it_applies(monkeypatch):
+    """The numpy path serves single CPU requests (token; block at gamma <= 1); uniforms passed
+    in, batches, bfloat16 laws and block at gamma >= 2 keep the batched path."""
+    from coupling.torch_backend import chain
+
+    calls = []
+    real = chain._one_request_numpy
+    monkeypatch.setattr(chain, "_one_request_numpy",
+                        lambda *a: calls.append(a[0].shape) or real(*a))
+    rng = np.random.default_rng(11)
+    for g, B, rule, dtype, taken in [(1, 1, "token", torch.float32, True),
+                                     (3, 1, "token", torch.float64, True),
+                                     (1, 1, "block", torch.float32, True),
+                                     (2, 1, "block", torch.float32, False),
+                                     (1, 2, "token", torch.float32, False),
+                                     (1, 1, "token", torch.bfloat16, False)]:
+        calls.clear()
+        x, P, Q = stack_paths([random_path(rng, 6, g) for _ in range(B)], dtype=dtype)
+        atol = 2e-2 if dtype == torch.bfloat16 else None
+        v = (token if rule == "token" else block)(x, P, Q, seeds=1, positions=2, atol=atol)
+        assert v.tokens.shape == (B, g + 1)
+        # B = 1 calls reach the numpy path, which declines bfloat16 and batches
+        assert bool(calls and real(x, P, Q, torch.tensor([1] * B), torch.tensor([2] * B))
+                    is not None) == taken, (g, B, rule, dtype)
+    x, P, Q = stack_paths([random_path(rng, 6, 1)])
+    calls.clear()
+    token(x, P, Q, seeds=1, positions=2, accept_u=torch.zeros(1, 1))
+    assert calls == []
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
 @pytest.mark.parametrize("rule", ["token", "block"])
 def test_cuda_matches_cpu(rule):
@@ -586,8 +648,15 @@ def _valid(B=3, k=1, g=2, V=5, dtype=torch.float32):
     ],
 )
 @pytest.mark.parametrize("fn", [token, block])
-def test_validation_errors(fn, mutate, match):
-    x, p, q = mutate(*_valid())
+@pytest.mark.parametrize("numpy_max", [0, 1 << 16], ids=["torch-checks", "numpy-checks"])
+@pytest.mark.parametrize("B", [3, 1])
+def test_validation_errors(fn, mutate, match, numpy_max, B, monkeypatch):
+    """The same errors whether the checks read the laws through torch (large tensors, other
+    devices) or numpy (small CPU tensors: ``_common.NUMPY_MAX``), batched or alone."""
+    from coupling.torch_backend import _common
+
+    monkeypatch.setattr(_common, "NUMPY_MAX", numpy_max)
+    x, p, q = mutate(*_valid(B=B))
     with pytest.raises(ValueError, match=match):
         fn(x, p, q, seeds=0, positions=0)
 

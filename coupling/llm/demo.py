@@ -32,6 +32,8 @@ from pathlib import Path
 import numpy as np
 
 PROMPTS_FILE = Path(__file__).resolve().parent.parent / "data" / "prompts.json"
+#: the first-law peak above which the int8 target's demo drafts a second token (auto_settings)
+INT8_DRAFT_CONFIDENCE = 0.8
 
 
 @dataclass(frozen=True)
@@ -84,8 +86,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--prompts", type=int, default=None, help="number of prompts (default 8)")
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default 96 (quick: 48)")
     ap.add_argument("--gamma", type=int, default=None,
-                    help="drafted tokens per step (default: 1 on the int8 target, else 2; "
-                         "see auto_settings)")
+                    help="drafted tokens per step (default 2; see auto_settings)")
+    ap.add_argument("--draft-confidence", type=float, default=None,
+                    help="draft gamma tokens only where the draft's first law peaks at this "
+                         "or more, else one (engine.sample_chain; default with an unset "
+                         "--gamma: 0.8 on the int8 target, else off)")
     ap.add_argument("--temperature", type=float, default=0.7)
     # top-k 50 bounds the support, which lets the exact LP-plan `optimal` sampler run (k = 2)
     ap.add_argument("--top-k", type=int, default=50)
@@ -121,10 +126,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def auto_settings(device: str, target_quant: str, gamma: int | None,
-                  capability: str | None = None) -> tuple[str, int, list[str]]:
-    """Resolve ``--target-quant auto`` and an unset ``--gamma`` for this machine.
+                  capability: str | None = None, draft_confidence: float | None = None
+                  ) -> tuple[str, int, float | None, list[str]]:
+    """Resolve ``--target-quant auto``, an unset ``--gamma`` and ``--draft-confidence``.
 
-    Returns ``(target_quant, gamma, why)``, ``why`` one line per setting chosen here.
+    Returns ``(target_quant, gamma, draft_confidence, why)``, ``why`` one line per setting
+    chosen here.
     ``capability`` is torch's name for the CPU's best instruction set (default: asked of
     ``torch.backends.cpu.get_cpu_capability()``). Why these choices, as measured:
 
@@ -133,11 +140,13 @@ def auto_settings(device: str, target_quant: str, gamma: int | None,
       sampling; the weight-only int8 target, run by every method alike, scores them for
       1.0-1.1 (docs/RESULTS.md, stops 15-21). Elsewhere (AVX-512, CUDA) the bf16 target
       verifies for about a decoding call's price;
-    * on that int8 target a second drafted token costs more than it adds: gamma = 1 beat
-      gamma = 2 by 1.20-1.23x against 1.15-1.20x (stop 17) and 1.20x against 1.10-1.18x (stop
-      21) in same-process runs of ``benchmarks/bench_gamma.py``. Otherwise gamma = 2.
+    * on that int8 target a second drafted token costs more than it adds on average (gamma =
+      1 beat gamma = 2 in same-process runs of ``benchmarks/bench_gamma.py``, stops 17 and
+      21), but not where the draft is sure of its first token: gamma = 2 gated at a first-law
+      peak of 0.8 (``engine.sample_chain``'s ``confidence``) beat gamma = 1 (stop 22; the
+      threshold fitted on prompts outside the demo's). Elsewhere gamma = 2, ungated.
 
-    Explicit values are kept.
+    Explicit values are kept; an explicit ``gamma`` is not gated unless asked.
     """
     why = []
     if target_quant == "auto":
@@ -155,19 +164,24 @@ def auto_settings(device: str, target_quant: str, gamma: int | None,
             target_quant = "none"
             why.append(f"--target-quant none: device {device}")
     if gamma is None:
-        gamma = 1 if target_quant == "int8" else 2
-        why.append(f"--gamma {gamma}" + (": on the int8 target a second drafted token costs "
-                                         "more than it adds (benchmarks/bench_gamma.py)"
-                                         if gamma == 1 else ""))
-    return target_quant, gamma, why
+        gamma = 2
+        if target_quant == "int8" and draft_confidence is None:
+            draft_confidence = INT8_DRAFT_CONFIDENCE
+            why.append(f"--gamma 2 --draft-confidence {draft_confidence:g}: on the int8 target "
+                       "a second drafted token pays only where the draft's first law peaks "
+                       f"at {draft_confidence:g} or more (benchmarks/bench_gamma.py)")
+        else:
+            why.append("--gamma 2")
+    return target_quant, gamma, draft_confidence, why
 
 
 def resolve_auto(args):
-    """Fill ``args.target_quant`` and ``args.gamma`` by :func:`auto_settings` (once); the lines
-    saying why go to ``args.auto``. Returns ``args``."""
+    """Fill ``args.target_quant``, ``args.gamma`` and ``args.draft_confidence`` by
+    :func:`auto_settings` (once); the lines saying why go to ``args.auto``. Returns ``args``."""
     if not hasattr(args, "auto"):
-        args.target_quant, args.gamma, args.auto = auto_settings(
-            args.device, args.target_quant, args.gamma)
+        args.target_quant, args.gamma, args.draft_confidence, args.auto = auto_settings(
+            args.device, args.target_quant, args.gamma,
+            draft_confidence=getattr(args, "draft_confidence", None))
     return args
 
 
@@ -257,6 +271,7 @@ def run(args) -> dict:
         return E.generate(target, drafter_for(m), prompt, max_new_tokens=n, rule=m.rule,
                           gamma=args.gamma, k=m.k, cfg=cfg, seed=seed, eos_token_id=eos,
                           replacement=m.replacement, predict=True,
+                          draft_confidence=args.draft_confidence,
                           tree_attention=tree if m.k > 1 else None)
 
     # warm-up (first calls allocate, build kernels): not timed
@@ -345,7 +360,8 @@ def run(args) -> dict:
                        "feature_draft_own_params": fdraft_params,
                        "feature_draft_logit_scale": fdraft.logit_scale}
                       if fdraft is not None else {})},
-        "settings": {**cfg.as_dict(), "gamma": args.gamma, "auto": args.auto,
+        "settings": {**cfg.as_dict(), "gamma": args.gamma,
+                     "draft_confidence": args.draft_confidence, "auto": args.auto,
                      "max_new_tokens": max_new,
                      "draft_head_tokens": args.draft_head,
                      "multi_draft_layout": "tree" if tree else "batch",
@@ -396,7 +412,10 @@ def verification_price(res: dict) -> str | None:
     c = tok["target_call_ms"] / ar
     best = max((r["block_efficiency"] for r in res["rules"].values() if r["drafter"] != "ngram"),
                default=0.0)
-    line = (f"a verification call ({res['settings']['gamma'] + 1} tokens) cost {c:.2f}x a "
+    g = res["settings"]["gamma"]
+    n = f"{g + 1} tokens" if res["settings"].get("draft_confidence") is None else \
+        f"2 or {g + 1} tokens, gated"
+    line = (f"a verification call ({n}) cost {c:.2f}x a "
             f"decoding call here: with a free draft, a rule verifying gamma drafted tokens is "
             f"at most BE / {c:.2f} times as fast as plain sampling")
     if best <= c:
@@ -432,8 +451,10 @@ def plot(res: dict, path: Path) -> None:
     a2.set_xlabel("predicted block efficiency")
     a2.set_ylabel("measured block efficiency")
     s = res["settings"]
-    fig.suptitle(f"SmolLM2-135M, gamma={s['gamma']}, T={s['temperature']}, top-k={s['top_k']}, "
-                 f"top-p={s['top_p']}, {s['prompts']} prompts x {s['max_new_tokens']} tokens")
+    gated = f"@{s['draft_confidence']:g}" if s.get("draft_confidence") is not None else ""
+    fig.suptitle(f"SmolLM2-135M, gamma={s['gamma']}{gated}, T={s['temperature']}, "
+                 f"top-k={s['top_k']}, top-p={s['top_p']}, {s['prompts']} prompts x "
+                 f"{s['max_new_tokens']} tokens")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -461,7 +482,10 @@ def main(argv: list[str] | None = None) -> int:
           + (f"; feature draft {mdl['feature_draft_logit_scale']:g}"
              if "feature_draft_logit_scale" in mdl else "") + ")")
     print(f"sampling: temperature={s['temperature']} top_k={s['top_k']} top_p={s['top_p']}; "
-          f"gamma={s['gamma']}; {s['prompts']} prompts x {s['max_new_tokens']} new tokens; "
+          f"gamma={s['gamma']}"
+          + (f" where the draft's first law peaks at {s['draft_confidence']:g} or more, else 1"
+             if s.get("draft_confidence") is not None else "")
+          + f"; {s['prompts']} prompts x {s['max_new_tokens']} new tokens; "
           f"seed={s['seed']}; {s['torch_threads']} threads")
     for line in s.get("auto", []):
         print(f"auto: {line}")

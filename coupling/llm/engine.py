@@ -292,8 +292,12 @@ class Drafter(Protocol):
 
     def propose(self, seq: list[int], gamma: int, k: int, cfg: SamplingConfig,
                 gen: torch.Generator, *, distinct_first: bool = False,
-                gumbel: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return drafts int64 [k, g] and their laws float32 [k, g, V] (g <= gamma, may be 0)."""
+                gumbel: tuple[int, int] | None = None,
+                confidence: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return drafts int64 [k, g] and their laws float32 [k, g, V] (g <= gamma, may be 0).
+
+        ``confidence``: draft one token, not gamma, when the first law is flatter than that
+        (see :func:`sample_chain`)."""
         ...
 
     def accept(self, branch: int) -> None: ...
@@ -309,9 +313,10 @@ class ModelDrafter:
     def reset(self, prompt: list[int]) -> None:
         prefill(self.lm, prompt)
 
-    def propose(self, seq, gamma, k, cfg, gen, *, distinct_first=False, gumbel=None):
+    def propose(self, seq, gamma, k, cfg, gen, *, distinct_first=False, gumbel=None,
+                confidence=None):
         return draft_block(self.lm, seq, gamma, k, cfg, gen, distinct_first=distinct_first,
-                           gumbel=gumbel)
+                           gumbel=gumbel, confidence=confidence)
 
     def accept(self, branch: int) -> None:
         self.lm.select(branch)
@@ -350,7 +355,8 @@ class NgramDrafter:
                     return [int(t) for t in arr[start + n:start + n + gamma]]
         return []
 
-    def propose(self, seq, gamma, k, cfg, gen, *, distinct_first=False, gumbel=None):
+    def propose(self, seq, gamma, k, cfg, gen, *, distinct_first=False, gumbel=None,
+                confidence=None):
         if k != 1:
             raise ValueError(f"k={k}: the n-gram drafter proposes a single branch; use k=1")
         toks = self.lookup(seq, gamma)
@@ -376,7 +382,8 @@ class NoDrafter:
     def reset(self, prompt):
         pass
 
-    def propose(self, seq, gamma, k, cfg, gen, *, distinct_first=False, gumbel=None):
+    def propose(self, seq, gamma, k, cfg, gen, *, distinct_first=False, gumbel=None,
+                confidence=None):
         dev = gen.device
         return (torch.zeros(k, 0, dtype=torch.long, device=dev),
                 torch.zeros(k, 0, self.vocab_size, device=dev))
@@ -401,7 +408,8 @@ def _sample_rows(q: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 def draft_block(lm: CachedLM, seq: list[int], gamma: int, k: int, cfg: SamplingConfig,
                 gen: torch.Generator, *, distinct_first: bool = False,
-                gumbel: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                gumbel: tuple[int, int] | None = None,
+                confidence: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample k branches of gamma tokens; return tokens [k, gamma] and laws q [k, gamma, V].
 
     Position 1 is common to all branches (one forward at batch 1); then the cache is expanded
@@ -418,12 +426,12 @@ def draft_block(lm: CachedLM, seq: list[int], gamma: int, k: int, cfg: SamplingC
         return probs(lm.forward(x[:, None])[:, -1], cfg)               # [k, V]
 
     return sample_chain(probs(logits, cfg), step, lm.expand, gamma, k, gen,
-                        distinct_first=distinct_first, gumbel=gumbel)
+                        distinct_first=distinct_first, gumbel=gumbel, confidence=confidence)
 
 
 def sample_chain(q1: torch.Tensor, step, expand, gamma: int, k: int, gen: torch.Generator, *,
-                 distinct_first: bool = False, gumbel: tuple[int, int] | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+                 distinct_first: bool = False, gumbel: tuple[int, int] | None = None,
+                 confidence: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw k branches of gamma tokens from a drafter; return tokens [k, gamma], laws [k, gamma, V].
 
     ``q1`` [1, V] is the law of the first drafted token (common to all branches); ``expand(k)``
@@ -431,7 +439,17 @@ def sample_chain(q1: torch.Tensor, step, expand, gamma: int, k: int, gen: torch.
     returns the next laws [k, V]. Sampling: i.i.d. inverse-CDF draws from ``gen``, or the k
     first tokens without replacement (``distinct_first``), or Gumbel argmaxes from the
     backend's shared noise at ``gumbel=(seed, position)`` (single branch).
+
+    ``confidence``: a block of one token instead of ``gamma`` when the first law's largest
+    probability ``max q1`` is below it. A token past the first pays off only if the first is
+    accepted, which a flat ``q1`` makes unlikely, while it always costs a draft forward and a
+    row of the verification call (EAGLE-2's dynamic drafts make the same bet). The length
+    is a function of ``q1``, i.e. of the committed text alone, never of a drafted token nor
+    of the target: every rule then verifies a block whose length was fixed before it was
+    drafted, which is the setting of its losslessness guarantee.
     """
+    if confidence is not None and gamma > 1 and float(q1.max()) < confidence:
+        gamma = 1
     if distinct_first:
         # k distinct tokens need k tokens of positive mass: a peaked q (top-p keeps one token)
         # gets fewer branches, each still a distinct draw by successive sampling
@@ -458,6 +476,8 @@ def sample_chain(q1: torch.Tensor, step, expand, gamma: int, k: int, gen: torch.
             toks.append(_gumbel_draft(qi, gumbel[0], gumbel[1] + i))
         else:
             toks.append(_sample_rows(qi, gen))
+    if gamma == 1:      # one law: a view, not a [k, 1, V] copy
+        return toks[0][:, None], qs[0][:, None]
     return torch.stack(toks, 1), torch.stack(qs, 1)
 
 
@@ -568,7 +588,8 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
              seed: int = 0, eos_token_id: int | None = None, replacement: bool = True,
              target: CachedLM | None = None, record_alpha: bool = True,
              predict: bool = False, on_step=None,
-             tree_attention: bool | None = None) -> GenerationResult:
+             tree_attention: bool | None = None,
+             draft_confidence: float | None = None) -> GenerationResult:
     """Speculative sampling of up to ``max_new_tokens`` tokens after ``prompt``.
 
     ``drafter=None`` or ``gamma=0`` gives plain autoregressive sampling through the same cache
@@ -576,6 +597,8 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
     ``on_step(record, drafts, q, p)`` is called after each verification (trace recording).
     ``tree_attention``: verify k > 1 branches as one row with tree attention (default: when
     :func:`supports_tree`), else as a batch of k rows.
+    ``draft_confidence``: blocks of one token where the draft's first law peaks below it,
+    of ``gamma`` elsewhere (:func:`sample_chain`; ``None``: always ``gamma``).
     ``target``: a :class:`CachedLM` of ``target_model`` to run in; it keeps the longest common
     prefix of its cache and the prompt (:func:`prefill` with ``reuse``), so many generations
     from one prompt pay its prefill once. Without it each call starts from an empty cache.
@@ -585,6 +608,9 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
     if k < 1:
         raise ValueError(f"k={k} must be >= 1")
+    if draft_confidence is not None and not 0.0 <= draft_confidence <= 1.0:
+        raise ValueError(f"draft_confidence={draft_confidence} must lie in [0, 1] (a bound on "
+                         "the draft's largest first-token probability), or be None")
     if rule in SINGLE_DRAFT_RULES and k != 1:
         raise ValueError(f"rule {rule!r} verifies one draft, got k={k}; use k=1 (multi-draft: "
                          f"{MULTI_DRAFT_RULES})")
@@ -626,7 +652,8 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
         if drafter is not None and gamma > 0:
             g = min(gamma, max_new_tokens - (len(seq) - len(prompt)))
             gum = (seed, position) if rule == "gumbel" else None
-            drafts, q = drafter.propose(seq, g, k, cfg, gen, distinct_first=distinct, gumbel=gum)
+            drafts, q = drafter.propose(seq, g, k, cfg, gen, distinct_first=distinct, gumbel=gum,
+                                        confidence=draft_confidence)
         else:
             drafts, q = torch.zeros(1, 0, dtype=torch.long, device=tlm.device), None
         if drafts.shape[1] == 0:

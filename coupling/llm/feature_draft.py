@@ -359,7 +359,7 @@ class FeatureDrafter:
 
     @torch.no_grad()
     def propose(self, seq, gamma, k, cfg: SamplingConfig, gen, *, distinct_first=False,
-                gumbel=None):
+                gumbel=None, confidence=None):
         from .engine import common_prefix, sample_chain
 
         if self.target is None:
@@ -397,7 +397,8 @@ class FeatureDrafter:
             return self.draft.law(lg, cfg)                               # [k, V]
 
         return sample_chain(self.draft.law(logits, cfg), step, expand, gamma, k, gen,
-                            distinct_first=distinct_first, gumbel=gumbel)
+                            distinct_first=distinct_first, gumbel=gumbel,
+                            confidence=confidence)
 
     def accept(self, branch: int) -> None:
         if self.rows != 1:

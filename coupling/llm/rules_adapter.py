@@ -11,6 +11,7 @@ the same stream whatever the drafter (drafter invariance).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 PLAIN = "plain"
@@ -73,6 +74,16 @@ def support(*laws: torch.Tensor) -> torch.Tensor:
     return (top > 0).nonzero().squeeze(-1)
 
 
+def _numpy_ok(*laws: torch.Tensor) -> bool:
+    """Whether numpy can read these laws in place (float32/float64 on the CPU)."""
+    return all(law.device.type == "cpu" and law.dtype in (torch.float32, torch.float64)
+               for law in laws)
+
+
+_OFF_SUPPORT = ("drafts: a drafted token has q = 0 and p = 0, outside the support of the laws; "
+                "drafts must be sampled from q")
+
+
 def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, seed: int,
            position: int, *, replacement: bool = True,
            compress: bool = True) -> tuple[int, int, list[int]]:
@@ -100,11 +111,19 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
     if compress:
         V = p.shape[-1]
         idx = support(p, q)
-        x = torch.searchsorted(idx, drafts).clamp_(max=max(idx.numel() - 1, 0))
-        if idx.numel() == 0 or not torch.equal(idx[x], drafts):
-            raise ValueError("drafts: a drafted token has q = 0 and p = 0, outside the support "
-                             "of the laws; drafts must be sampled from q")
-        drafts, p, q = x, p[..., idx], q[..., idx]
+        if _numpy_ok(p, q) and drafts.device.type == "cpu":
+            ids, d = idx.numpy(), drafts.numpy()
+            x_np = np.minimum(np.searchsorted(ids, d), max(ids.size - 1, 0))
+            if ids.size == 0 or not np.array_equal(ids[x_np], d):
+                raise ValueError(_OFF_SUPPORT)
+            drafts = torch.from_numpy(x_np)
+            p = torch.from_numpy(p.detach().numpy()[..., ids])
+            q = torch.from_numpy(q.detach().numpy()[..., ids])
+        else:
+            x = torch.searchsorted(idx, drafts).clamp_(max=max(idx.numel() - 1, 0))
+            if idx.numel() == 0 or not torch.equal(idx[x], drafts):
+                raise ValueError(_OFF_SUPPORT)
+            drafts, p, q = x, p[..., idx], q[..., idx]
         if name == "gumbel":
             g = drafts.shape[1]
             kwargs["noise"] = tb.gumbel_noise(
@@ -117,6 +136,8 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
     m = int(verdict.accepted[0])
     c = int(verdict.branch[0])
     toks = verdict.tokens[0, : m + 1]
+    if idx is not None and idx.device.type == "cpu":
+        return m, c, idx.numpy()[toks.numpy()].tolist()
     return m, c, (toks if idx is None else idx[toks]).tolist()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from . import rng
@@ -55,6 +56,20 @@ def _default_atol(dtype: torch.dtype) -> float:
     return 2e-2
 
 
+#: largest tensor (entries) that the value checks and the one-request verifiers read through
+#: numpy on a CPU: there a torch op costs ~10 us of dispatch whatever its size, a numpy call on
+#: a few hundred floats ~1 us, and a request's compressed laws hold a few hundred entries
+NUMPY_MAX = 1 << 16
+
+
+def as_numpy(x: torch.Tensor) -> np.ndarray | None:
+    """A numpy view of a small float32/float64 CPU tensor (no copy), else ``None``."""
+    if (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+            and x.numel() <= NUMPY_MAX and not x.requires_grad):
+        return x.numpy()
+    return None
+
+
 def _check_probs(x: torch.Tensor, name: str, atol: float | None) -> None:
     if not x.dtype.is_floating_point:
         raise ValueError(f"{name} must be a floating tensor of probabilities, got dtype {x.dtype}")
@@ -63,10 +78,16 @@ def _check_probs(x: torch.Tensor, name: str, atol: float | None) -> None:
     # float32 pairwise sums are accurate to ~1e-6 here, far inside the tolerance, and avoid
     # materialising a float64 copy of [B, k, gamma+1, V]
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    sums = x.sum(-1, dtype=acc)
-    # NaN and +/-inf anywhere in a row make its sum non-finite, and min / max propagate NaN:
-    # the extreme row sums and the smallest entry settle every check, read in one sync
-    lo_sum, hi_sum, low = torch.stack([sums.min(), sums.max(), x.amin().to(acc)]).tolist()
+    a = as_numpy(x)
+    if a is not None:
+        # the same three numbers from numpy (NaN propagates through its min and max too)
+        sums_np = a.sum(-1, dtype=np.float64 if acc == torch.float64 else np.float32)
+        lo_sum, hi_sum, low = float(sums_np.min()), float(sums_np.max()), float(a.min())
+    else:
+        sums = x.sum(-1, dtype=acc)
+        # NaN and +/-inf anywhere in a row make its sum non-finite, and min / max propagate
+        # NaN: the extreme row sums and the smallest entry settle every check, read in one sync
+        lo_sum, hi_sum, low = torch.stack([sums.min(), sums.max(), x.amin().to(acc)]).tolist()
     if not (math.isfinite(lo_sum) and math.isfinite(hi_sum)):
         raise ValueError(f"{name} contains NaN or inf; probabilities must be finite")
     if low < 0:
@@ -164,15 +185,21 @@ def check_inputs(
         _check_probs(p, "p", atol)
         _check_probs(q, "q", atol)
         if drafts.numel():
-            if bool(((drafts < 0) | (drafts >= V)).any()):
+            qn = as_numpy(q)
+            d = drafts.numpy() if qn is not None else drafts
+            if bool(((d < 0) | (d >= V)).any()):
                 raise ValueError(f"drafts has token ids outside [0, V) = [0, {V})")
-            qx = q.gather(-1, drafts.unsqueeze(-1))
-            if bool((qx <= 0).any()):
+            if qn is not None:
+                flat = d.reshape(-1)
+                low_q = bool((qn.reshape(-1, V)[np.arange(flat.size), flat] <= 0).any())
+            else:
+                low_q = bool((q.gather(-1, drafts.unsqueeze(-1)) <= 0).any())
+            if low_q:
                 raise ValueError(
                     "drafts contains token(s) with draft probability q = 0: they cannot have been "
                     "drafted from q; pass the law the drafts were sampled from"
                 )
-        if bool((pos_t < 0).any()):
+        if bool(((pos_t.numpy() if pos_t.device.type == "cpu" else pos_t) < 0).any()):
             raise ValueError("positions must be >= 0 (absolute index of the first drafted token)")
     return drafts, p, q, seeds_t, pos_t
 
