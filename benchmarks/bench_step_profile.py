@@ -88,8 +88,9 @@ def main(argv: list[str] | None = None) -> int:
             (E, "prefill", "prefill"),
             (FD.FeatureDrafter, "propose", "draft (FeatureDrafter.propose)"),
             (FD.FeatureDrafter, "_feed", "  forward (features + head)"),
-            (FD.FeatureDraft, "features", "    features"),
-            (FD.FeatureDraft, "head_logits", "    head"),
+            (FD.FeatureDraft, "native_step", "    one C++ call (native_step)"),
+            (FD.FeatureDraft, "features", "    features (Python path)"),
+            (FD.FeatureDraft, "head_logits", "    head (Python path)"),
             (FD.FeatureDraft, "law", "  law q"),
             (E, "sample_chain", "  sampling"))
     for owner, name, label in wrapped:

@@ -579,6 +579,47 @@ def test_feature_drafter_state_matches_fresh_recomputation(pair, rule, k, int8):
                                    rtol=1e-4)
 
 
+@pytest.mark.parametrize("B,n0,n", [(1, 12, 1), (1, 12, 3), (2, 5, 1), (1, 0, 4)])
+def test_native_feature_step_is_the_python_step_bit_for_bit(pair, B, n0, n):
+    """With every product on the AVX2 int8 kernel, the feature draft's step runs as one C++
+    call (``FeatureDraft.native_step``); its features, head logits (logit scale applied) and
+    cache entries must be the Python lean path's, bit for bit: after a prefix, for several
+    new pairs (the causal mask), and for k rows."""
+    from coupling.llm import int8_kernel
+
+    target, _ = pair
+    torch.manual_seed(3)
+    draft = FD.FeatureDraft(target).eval()
+    with torch.no_grad():
+        draft.fc.weight.normal_(0, 0.3)
+    draft.logit_scale = 1.4
+    draft.quantize_int8()
+    if int8_kernel.feature_step() is None:
+        pytest.skip(f"no AVX2 int8 kernel here: {int8_kernel.status()}")
+    assert draft._native is not None
+    d = target.config.hidden_size
+    g = torch.Generator().manual_seed(B * 100 + n0 + n)
+    py, nat = FD.PairCache(), FD.PairCache()
+    with torch.no_grad():
+        if n0:
+            ids0, f0 = torch.randint(0, V, (1, n0), generator=g), torch.randn(1, n0, d, generator=g)
+            draft.features(ids0, f0, py)
+            draft.native_step(ids0, f0, nat)
+        if B > 1:
+            py.batch_repeat_interleave(B)
+            nat.batch_repeat_interleave(B)
+        ids, f = torch.randint(0, V, (B, n), generator=g), torch.randn(B, n, d, generator=g)
+        want = draft.features(ids, f, py)
+        want_logits = draft.head_logits(want[:, -1])
+        got, got_logits = draft.native_step(ids, f, nat)
+    assert torch.equal(got, want) and torch.equal(got_logits, want_logits)
+    assert py.length == nat.length == n0 + n
+    assert torch.equal(py.k[:, :, :py.length], nat.k[:, :, :nat.length])
+    assert torch.equal(py.v[:, :, :py.length], nat.v[:, :, :nat.length])
+    # not int8 (or another product): the Python path, no native step
+    assert FD.FeatureDraft(target).eval().native_step(ids, f, FD.PairCache()) is None
+
+
 @pytest.mark.slow
 def test_negative_control_always_accept_is_detected(pair, monkeypatch):
     """A verifier that accepts every draft outputs the draft's law: the test must catch it."""

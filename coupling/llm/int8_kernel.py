@@ -131,3 +131,14 @@ def kernel():
 def status() -> str:
     """Which kernel the last int8 layer built uses, and why: ``"avx2"`` or ``"torch ..."``."""
     return _status["kernel"]
+
+
+def feature_step():
+    """The extension's ``feature_step(...)``: the int8 feature draft's whole step (its fc, layer,
+    norm and head) in one call, bit for bit :meth:`FeatureDraft._features_lean` and its head
+    (``coupling.llm.feature_draft``); None where :func:`kernel` would be None."""
+    mode = choice()
+    if mode == "torch":
+        return None
+    ext, _ = _compiled(mode == "avx2")
+    return None if ext is None else getattr(ext, "feature_step", None)

@@ -32,8 +32,9 @@ Batching: every quantity is a ``[B]`` or ``[B, g]`` tensor; the only Python loop
 compressed laws of a few hundred entries) is decided in numpy instead, by
 ``_one_request_numpy``: the same arithmetic in the same order, so the same verdict bit for bit
 (token at any gamma; block at gamma = 1, where it is token coin for coin), for ~0.1 ms instead
-of ~0.8 ms of torch dispatch; :mod:`.multi` does the same for the multi-draft rules. Ratios, weights, residual masses and
-residual CDFs are computed in float64 from the given (typically float32) probabilities.
+of ~0.8 ms of torch dispatch; :mod:`.multi` does the same for the multi-draft rules. Ratios,
+weights, residual masses and residual CDFs are computed in float64 from the given (typically
+float32) probabilities.
 
 Randomness (see :mod:`coupling.torch_backend.rng`), with ``t = positions[b]`` the absolute
 position of the first drafted token: the coin of drafted offset ``i`` is
