@@ -9,6 +9,13 @@ is fed n = 1, 3, 5, 9 new tokens (decoding; a gamma = 2 verification; tree rows 
 k = 4 branches), each cropped away again, the two implementations alternated call by call;
 medians of ``--repeats`` calls.
 
+Part 0, the kernel alone (``--kernel-only`` stops after it): one layer's
+``scaled_dot_product_attention`` at the target's shapes (9 query heads on 3 grouped key/value
+heads of dimension 64, bf16) for n = 1, 2, 3 new tokens over the context, as the engine calls it
+(grouped heads; a causal mask for n > 1, none for n = 1), medians of 300 calls. Why: on the
+reference AVX2-only CPU the one-token call is the slowest of the three (stop 22), so plain
+sampling's decoding calls pay more attention per call than a verification call's.
+
 Part 2, end to end: for each demo prompt (96 new tokens, the demo's settings, seed = prompt
 index), autoregressive sampling, then block verification and rrs k = 2 (tree row) with the
 shipped feature draft under each implementation, the groups' order rotated from prompt to
@@ -18,6 +25,7 @@ Usage::
 
     python benchmarks/bench_attention.py                 # both parts, 8 prompts
     python benchmarks/bench_attention.py --prompts 0     # the call costs only
+    python benchmarks/bench_attention.py --kernel-only   # the attention kernel alone
 """
 
 from __future__ import annotations
@@ -31,6 +39,34 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 IMPLS = ("sdpa", "sdpa_grouped")
+
+
+def kernel_costs(contexts: list[int], repeats: int = 300) -> None:
+    """Part 0: the attention kernel alone at the target's shapes (module docstring)."""
+    import torch
+
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(0)
+    print(f"one layer's attention kernel, us (median of {repeats}): 9 query heads on 3 key/value "
+          "heads, head dim 64, bf16")
+    print(f"{'context':>7s} {'n = 1':>7s} {'n = 2':>7s} {'n = 3':>7s}")
+    for L in contexts:
+        k = torch.randn(1, 3, L, 64, generator=g).bfloat16()
+        v = torch.randn(1, 3, L, 64, generator=g).bfloat16()
+        row = []
+        for n in (1, 2, 3):
+            q = torch.randn(1, 9, n, 64, generator=g).bfloat16()
+            mask = None if n == 1 else \
+                torch.arange(L)[None, :] <= torch.arange(L - n, L)[:, None]
+            ts = []
+            for r in range(repeats + 20):
+                t0 = time.perf_counter()
+                F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=0.125,
+                                               enable_gqa=True)
+                if r >= 20:
+                    ts.append(time.perf_counter() - t0)
+            row.append(1e6 * statistics.median(ts))
+        print(f"{L:7d} " + " ".join(f"{t:7.1f}" for t in row))
 
 
 def call_costs(target, contexts: list[int], sizes: list[int], repeats: int) -> None:
@@ -71,9 +107,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--contexts", type=str, default="100,200,300")
     ap.add_argument("--sizes", type=str, default="1,3,5,9")
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--kernel-only", action="store_true", help="part 0 only")
     add_run_args(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    kernel_costs([int(x) for x in args.contexts.split(",")])
+    if args.kernel_only:
+        return 0
 
     target = models.load_target("bfloat16")
     print(f"{args.threads} thread(s), bf16 SmolLM2 target")

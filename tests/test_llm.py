@@ -1295,6 +1295,28 @@ def test_demo_states_what_parallel_verification_cost():
     assert verification_price({"rules": {}, "autoregressive_target_call_ms": 50.0}) is None
 
 
+def test_confidence_fit_predicts_the_gated_speed_exactly_on_toy_steps():
+    """scripts/fit_draft_confidence.py's prediction: ungated (c = 0) it is the gamma = 2 step's
+    speed over gamma = 1's, never gated (c > 1) exactly 1, and in between it counts only the
+    gated steps' second-token yield and cost."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("fit", root / "scripts/fit_draft_confidence.py")
+    fit = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fit)
+    peak = np.array([0.9, 0.2, 0.95, 0.4])
+    a1 = np.array([0.8, 0.1, 0.9, 0.3])
+    a2 = np.array([0.5, 0.4, 0.6, 0.2])
+    base = (1 + a1).mean() / 30.0
+    assert fit.predicted_speed(peak, a1, a2, 1.01, 30.0, 4.0) == pytest.approx(1.0)
+    full = (1 + a1 + a1 * a2).mean() / 34.0
+    assert fit.predicted_speed(peak, a1, a2, 0.0, 30.0, 4.0) == pytest.approx(full / base)
+    gated = (1 + a1 + np.array([1, 0, 1, 0]) * a1 * a2).mean() / 32.0
+    assert fit.predicted_speed(peak, a1, a2, 0.8, 30.0, 4.0) == pytest.approx(gated / base)
+
+
 def test_demo_picks_the_int8_target_and_gated_gamma_only_where_the_cpu_is_avx2():
     """``--target-quant auto`` and an unset ``--gamma``: the weight-only int8 target at gamma 2
     gated at a first-law peak of ``INT8_DRAFT_CONFIDENCE`` on a CPU whose best instruction set
