@@ -364,6 +364,12 @@ def test_hf_assisted_baseline_runs_with_the_same_draft(real, draft_int8):
         r = E.hf_assisted(target, d, prompt, max_new_tokens=12, cfg=SamplingConfig(0.7),
                           gamma=4, seed=0, eos_token_id=tok.eos_token_id)
         assert 1 <= len(r.tokens) <= 12 and r.target_calls >= 1
+    # Hugging Face's own draft-length gate (the demo's --draft-confidence): a threshold of 1
+    # stops drafting after every token of probability < 1, so a call drafts at most one token
+    r = E.hf_assisted(target, draft_int8, prompt, max_new_tokens=12, cfg=SamplingConfig(0.7),
+                      gamma=4, seed=0, eos_token_id=tok.eos_token_id, confidence=1.0)
+    assert draft_int8.generation_config.assistant_confidence_threshold == 1.0
+    assert 2 * r.target_calls >= len(r.tokens) >= 1
 
 
 def test_demo_runs_end_to_end_and_writes_the_promised_json(tmp_path):

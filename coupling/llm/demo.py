@@ -267,7 +267,8 @@ def run(args) -> dict:
                                     eos_token_id=eos)
         if m.kind == "hf":
             return E.hf_assisted(target, draft, prompt, max_new_tokens=n, cfg=cfg,
-                                 gamma=args.gamma, seed=seed, eos_token_id=eos)
+                                 gamma=args.gamma, seed=seed, eos_token_id=eos,
+                                 confidence=args.draft_confidence)
         return E.generate(target, drafter_for(m), prompt, max_new_tokens=n, rule=m.rule,
                           gamma=args.gamma, k=m.k, cfg=cfg, seed=seed, eos_token_id=eos,
                           replacement=m.replacement, predict=True,

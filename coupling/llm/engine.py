@@ -724,15 +724,21 @@ def autoregressive(target_model, prompt: list[int], *, max_new_tokens: int,
 
 def hf_assisted(target_model, draft_model, prompt: list[int], *, max_new_tokens: int,
                 cfg: SamplingConfig, gamma: int, seed: int = 0,
-                eos_token_id: int | None = None) -> GenerationResult:
+                eos_token_id: int | None = None,
+                confidence: float | None = None) -> GenerationResult:
     """Hugging Face ``generate(assistant_model=draft, do_sample=True)`` with a constant
-    ``num_assistant_tokens = gamma`` (the same draft, the same sampling settings)."""
+    ``num_assistant_tokens = gamma`` (the same draft, the same sampling settings).
+
+    ``confidence``: Hugging Face's own gate on the draft length, its
+    ``assistant_confidence_threshold`` (drafting stops after a token whose draft probability is
+    below it; 0, no gate, when None): the baseline's counterpart of
+    ``generate(draft_confidence=)``, which gates on the first law's peak instead."""
     from .sampling import hf_kwargs
 
     gc = draft_model.generation_config
     gc.num_assistant_tokens = gamma
     gc.num_assistant_tokens_schedule = "constant"
-    gc.assistant_confidence_threshold = 0.0
+    gc.assistant_confidence_threshold = 0.0 if confidence is None else float(confidence)
     torch.manual_seed(seed)
     ids = torch.tensor([prompt], device=next(target_model.parameters()).device)
     calls = [0]
