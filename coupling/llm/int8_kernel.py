@@ -119,11 +119,16 @@ def _compiled(force: bool):
     return ext, "avx2"
 
 
+def _extension():
+    """(the compiled extension or None, why) under the ``COUPLING_INT8_KERNEL`` setting."""
+    mode = choice()
+    return (None, f"torch ({ENV}=torch)") if mode == "torch" else _compiled(mode == "avx2")
+
+
 def kernel():
     """The AVX2 extension's ``int8_mm(x, w, scale)`` or None when torch's kernel is to be used
     (:func:`status` says why)."""
-    mode = choice()
-    ext, why = (None, f"torch ({ENV}=torch)") if mode == "torch" else _compiled(mode == "avx2")
+    ext, why = _extension()
     _status["kernel"] = why
     return None if ext is None else ext.int8_mm
 
@@ -137,8 +142,5 @@ def feature_step():
     """The extension's ``feature_step(...)``: the int8 feature draft's whole step (its fc, layer,
     norm and head) in one call, bit for bit :meth:`FeatureDraft._features_lean` and its head
     (``coupling.llm.feature_draft``); None where :func:`kernel` would be None."""
-    mode = choice()
-    if mode == "torch":
-        return None
-    ext, _ = _compiled(mode == "avx2")
+    ext, _ = _extension()
     return None if ext is None else getattr(ext, "feature_step", None)
