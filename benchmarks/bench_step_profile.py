@@ -15,6 +15,8 @@ Usage::
 
     python benchmarks/bench_step_profile.py --target-quant int8 --threads 2
     python benchmarks/bench_step_profile.py --rule block --gamma 2 --prompts 8
+    python benchmarks/bench_step_profile.py --target-quant int8 --threads 2 --gamma 2 \
+        --draft-confidence 0.8 --rule block
     python benchmarks/bench_step_profile.py --target-quant int8 --threads 2 --rule optimal_wor --k 2
 """
 
@@ -56,6 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rule", choices=rules_adapter.RULES, default="token")
     ap.add_argument("--k", type=int, default=1, help="branches (multi-draft rules)")
     ap.add_argument("--gamma", type=int, default=1)
+    ap.add_argument("--draft-confidence", type=float, default=None,
+                    help="gamma tokens only where the draft's first law peaks at this or more "
+                         "(generate(draft_confidence=); the demo runs --gamma 2 at 0.8)")
     ap.add_argument("--target-quant", choices=("none", "int8"), default="none")
     ap.add_argument("--head-tokens", type=int, default=None,
                     help="the feature draft's head subset (default models.DRAFT_HEAD_TOKENS)")
@@ -70,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         models.quantize_target_int8(target)
     tok, cfg, prompts = demo_prompts(args.prompts)
     kw = dict(max_new_tokens=args.max_new_tokens, cfg=cfg, eos_token_id=tok.eos_token_id,
-              rule=args.rule, gamma=args.gamma, k=args.k)
+              rule=args.rule, gamma=args.gamma, k=args.k, draft_confidence=args.draft_confidence)
     E.generate(target, FD.FeatureDrafter(draft), prompts[0], seed=0, **kw)     # warm up
 
     acc: collections.Counter = collections.Counter()
@@ -102,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
                                r.draft_seconds)):
             tot[j] += v
     n = tot[2]
-    print(f"rule {args.rule}, k {args.k}, gamma {args.gamma}, "
+    gate = "" if args.draft_confidence is None else f" gated at {args.draft_confidence}"
+    print(f"rule {args.rule}, k {args.k}, gamma {args.gamma}{gate}, "
           f"feature draft (int8, {head}-token head), "
           f"target bf16{' + int8 weights' if args.target_quant == 'int8' else ''}, "
           f"{len(prompts)} prompts x {args.max_new_tokens} tokens, {args.threads} thread(s)")

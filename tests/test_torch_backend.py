@@ -536,8 +536,8 @@ def test_batch_invariance(rule, device):
     st.booleans(),
 )
 def test_one_request_numpy_path_is_the_batched_path(case, rule, gamma, V, dtype, zeros):
-    """A request verified alone on a CPU takes the numpy path (``chain._one_request_numpy``:
-    token at any gamma, block at gamma <= 1); in a batch it takes the torch path. Both must give
+    """A request verified alone on a CPU takes the numpy path (``chain._one_request_numpy``,
+    token and block at any gamma); in a batch it takes the torch path. Both must give
     the same verdict bit for bit, over many keys, with exact zeros in the laws, and with
     q = p on the drafted path (ratios of exactly 1) in some requests."""
     rng = np.random.default_rng(case)
@@ -559,19 +559,21 @@ def test_one_request_numpy_path_is_the_batched_path(case, rule, gamma, V, dtype,
 
 
 def test_one_request_numpy_path_is_taken_only_where_it_applies(monkeypatch):
-    """The numpy path serves single CPU requests (token; block at gamma <= 1); uniforms passed
-    in, batches, bfloat16 laws and block at gamma >= 2 keep the batched path."""
+    """The numpy path serves single CPU requests (token and block); uniforms passed in,
+    batches and bfloat16 laws keep the batched path."""
     from coupling.torch_backend import chain
 
     calls = []
     real = chain._one_request_numpy
     monkeypatch.setattr(chain, "_one_request_numpy",
-                        lambda *a: calls.append(a[0].shape) or real(*a))
+                        lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw))
     rng = np.random.default_rng(11)
     for g, B, rule, dtype, taken in [(1, 1, "token", torch.float32, True),
                                      (3, 1, "token", torch.float64, True),
                                      (1, 1, "block", torch.float32, True),
-                                     (2, 1, "block", torch.float32, False),
+                                     (2, 1, "block", torch.float32, True),
+                                     (4, 1, "block", torch.float64, True),
+                                     (2, 2, "block", torch.float32, False),
                                      (1, 2, "token", torch.float32, False),
                                      (1, 1, "token", torch.bfloat16, False)]:
         calls.clear()
