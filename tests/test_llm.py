@@ -1296,9 +1296,10 @@ def test_demo_states_what_parallel_verification_cost():
 
 
 def test_confidence_fit_predicts_the_gated_speed_exactly_on_toy_steps():
-    """scripts/fit_draft_confidence.py's prediction: ungated (c = 0) it is the gamma = 2 step's
+    """scripts/fit_draft_confidence.py's predictions: ungated (c = 0) it is the gamma = 2 step's
     speed over gamma = 1's, never gated (c > 1) exactly 1, and in between it counts only the
-    gated steps' second-token yield and cost."""
+    gated steps' second-token yield and cost; likewise for a tree of 2 first drafts where the
+    draft is unsure."""
     import importlib.util
     from pathlib import Path
 
@@ -1315,6 +1316,16 @@ def test_confidence_fit_predicts_the_gated_speed_exactly_on_toy_steps():
     assert fit.predicted_speed(peak, a1, a2, 0.0, 30.0, 4.0) == pytest.approx(full / base)
     gated = (1 + a1 + np.array([1, 0, 1, 0]) * a1 * a2).mean() / 32.0
     assert fit.predicted_speed(peak, a1, a2, 0.8, 30.0, 4.0) == pytest.approx(gated / base)
+    # the tree where unsure: every step a tree (c > 1) is E[1 + opt2] over the tree's price;
+    # c = 0 is the ungated chain; in between, each step counts as its own shape
+    opt2 = np.array([0.85, 0.3, 0.95, 0.5])
+    tree = fit.predicted_speed_tree
+    assert tree(peak, a1, a2, opt2, 1.01, 30.0, 4.0, 5.0) == pytest.approx(
+        (1 + opt2).mean() / 35.0 / base)
+    assert tree(peak, a1, a2, opt2, 0.0, 30.0, 4.0, 5.0) == pytest.approx(full / base)
+    mixed = (np.array([1 + a1[0] + a1[0] * a2[0], 1.3, 1 + a1[2] + a1[2] * a2[2], 1.5]).mean()
+             / (30.0 + 4.0 * 0.5 + 5.0 * 0.5))
+    assert tree(peak, a1, a2, opt2, 0.8, 30.0, 4.0, 5.0) == pytest.approx(mixed / base)
 
 
 def test_demo_picks_the_int8_target_and_gated_gamma_only_where_the_cpu_is_avx2():
