@@ -248,6 +248,8 @@ def _one_request_numpy(
     same inverse-CDF search with the same fallback to ``p_n`` for an empty residual
     (``tests/test_torch_backend.py::test_one_request_numpy_path_is_the_batched_path``).
     """
+    if rule not in ("token", "block"):
+        raise ValueError(f"rule={rule!r}: the numpy path decides 'token' or 'block'")
     if drafts.shape[0] != 1 or drafts.device.type != "cpu":
         return None
     pn, qn = as_numpy(p), as_numpy(q)
@@ -265,7 +267,7 @@ def _one_request_numpy(
         n = 0
         while n < g and u[n] < ratios[n]:
             n += 1
-    else:
+    else:  # block: the largest i with eta_i < h_i, as block_accepted
         w = np.ones(g + 1)
         for i in range(g):
             w[i + 1] = min(w[i] * ratios[i], 1.0)
