@@ -74,12 +74,6 @@ def support(*laws: torch.Tensor) -> torch.Tensor:
     return (top > 0).nonzero().squeeze(-1)
 
 
-def _numpy_ok(*laws: torch.Tensor) -> bool:
-    """Whether numpy can read these laws in place (float32/float64 on the CPU)."""
-    return all(law.device.type == "cpu" and law.dtype in (torch.float32, torch.float64)
-               for law in laws)
-
-
 _OFF_SUPPORT = ("drafts: a drafted token has q = 0 and p = 0, outside the support of the laws; "
                 "drafts must be sampled from q")
 
@@ -102,6 +96,7 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
     passes over V then cost next to nothing, and gumbel skips hashing V entries per position.
     """
     from coupling import torch_backend as tb
+    from coupling.torch_backend._common import numpy_readable
 
     name, repl = backend_rule(rule, replacement)
     kwargs = {}
@@ -111,7 +106,8 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
     if compress:
         V = p.shape[-1]
         idx = support(p, q)
-        if _numpy_ok(p, q) and drafts.device.type == "cpu":
+        # full-V laws, above as_numpy's size bound: only whether numpy can read them in place
+        if numpy_readable(p) and numpy_readable(q) and drafts.device.type == "cpu":
             ids, d = idx.numpy(), drafts.numpy()
             x_np = np.minimum(np.searchsorted(ids, d), max(ids.size - 1, 0))
             if ids.size == 0 or not np.array_equal(ids[x_np], d):

@@ -62,10 +62,14 @@ def _default_atol(dtype: torch.dtype) -> float:
 NUMPY_MAX = 1 << 16
 
 
+def numpy_readable(x: torch.Tensor) -> bool:
+    """Whether numpy can read ``x`` in place: a float32/float64 CPU tensor."""
+    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
+
+
 def as_numpy(x: torch.Tensor) -> np.ndarray | None:
     """A numpy view of a small float32/float64 CPU tensor (no copy), else ``None``."""
-    if (x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-            and x.numel() <= NUMPY_MAX and not x.requires_grad):
+    if numpy_readable(x) and x.numel() <= NUMPY_MAX and not x.requires_grad:
         return x.numpy()
     return None
 
