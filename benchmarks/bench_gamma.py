@@ -20,7 +20,10 @@ int8`` quantizes the target after the draft took its shared tensors, as ``coupli
 verified as one row with tree attention, as the demo runs them), so the single- and multi-draft
 rules can be compared at one gamma in one process. ``--predict on`` runs the engine as ``coupling
 demo`` does, with the coupling analysis after every step (its time is excluded from the timing,
-but it runs between the calls); ``both`` runs each method both ways.
+but it runs between the calls); ``both`` runs each method both ways. ``--native-laws both`` runs
+every method, autoregressive sampling included, also with the Python sampling laws
+(``sampling.native_laws(False)``), so the compiled laws' effect on each is measured in one
+process.
 
 Usage::
 
@@ -28,6 +31,8 @@ Usage::
     python benchmarks/bench_gamma.py --gammas 1,2 --rules token --prompts 4
     python benchmarks/bench_gamma.py --target-quant int8 --threads 2 --gammas 1 \
         --rules block,rrs:2,optimal_wor:2,rrs:4
+    python benchmarks/bench_gamma.py --target-quant int8 --threads 2 --gammas 2@0.8 \
+        --rules token,block --native-laws both
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     from ab_common import add_run_args, demo_prompts, print_table, rotated_runs
 
     from coupling.llm import engine as E
-    from coupling.llm import models
+    from coupling.llm import models, sampling
     from coupling.llm.feature_draft import FeatureDrafter, load_feature_draft
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -57,6 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--predict", choices=("off", "on", "both"), default="off",
                     help="run the engine with the demo's per-step analysis (predict=True)")
     ap.add_argument("--target-quant", choices=("none", "int8"), default="none")
+    ap.add_argument("--native-laws", choices=("on", "off", "both"), default="on",
+                    help="the compiled sampling laws and draws (sampling.native_laws); both: "
+                         "every method, autoregressive included, also with the Python path")
     add_run_args(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -66,6 +74,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.target_quant == "int8":
         models.quantize_target_int8(target)
     tok, cfg, prompts = demo_prompts(args.prompts)
+    sampling.native_laws(args.native_laws != "off")
+
+    def with_laws(on: bool, run):
+        def go(p, kw):
+            before = sampling.native_laws()
+            sampling.native_laws(on)
+            try:
+                return run(p, kw)
+            finally:
+                sampling.native_laws(before)
+        return go
 
     def method(rule: str, k: int, gamma: int, conf: float | None, predict: bool):
         return lambda p, kw: E.generate(target, FeatureDrafter(draft), p, rule=rule, k=k,
@@ -86,12 +105,18 @@ def main(argv: list[str] | None = None) -> int:
                 method(rule, k, g, c, pr))]
               for g, c in map(length, args.gammas.split(",")) for rule, k in rules
               for pr in modes]
+    if args.native_laws == "both":
+        groups = [[(f"{name} python-laws", with_laws(False, run))]
+                  for grp in groups for name, run in grp] + groups + [
+            [("autoregressive python-laws",
+              with_laws(False, lambda p, kw: E.autoregressive(target, p, **kw)))]]
     tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
                        eos_token_id=tok.eos_token_id)
     print(f"feature draft (int8, {models.DRAFT_HEAD_TOKENS}-token head, "
           f"s = {draft.logit_scale:g}), target bf16"
           f"{' + int8 weights' if args.target_quant == 'int8' else ''}, {len(prompts)} prompts"
-          f" x {args.max_new_tokens} tokens, {args.threads} thread(s)")
+          f" x {args.max_new_tokens} tokens, {args.threads} thread(s), "
+          f"native laws {args.native_laws}")
     print_table(tot, "method", max(16, *(len(name) for grp in groups for name, _ in grp)))
     return 0
 

@@ -97,6 +97,157 @@ def test_sampling_config_validation(kw, msg):
         SamplingConfig(**kw)
 
 
+# --------------------------------------------------------------------------- compiled laws
+
+
+def _native_or_skip(name: str):
+    from coupling.llm import int8_kernel, sampling
+
+    sampling.native_laws(True)
+    fn = sampling.native_function(name)
+    if fn is None:
+        pytest.skip(f"no compiled laws here: {int8_kernel.status()}")
+    return fn
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.integers(-6, 6), min_size=12, max_size=90), st.integers(1, 11),
+       st.sampled_from([0.7, 1.0, 1.3]), st.sampled_from([1.0, 0.9, 0.5]),
+       st.sampled_from(["float32", "bfloat16"]), st.booleans())
+def test_native_top_k_law_is_the_reference_law(vals, k, T, top_p, dtype, placed):
+    """The compiled top-k / top-p law (``sampling._native_law``): integer logits tie everywhere,
+    as bf16 logits often do. Every entry tied with the k-th value is kept, the values are the
+    reference's to float32 rounding, and the nucleus is a smallest most-likely prefix reaching
+    top_p with its ties broken by column order; with ``columns`` the law lands at those ids."""
+    from coupling.llm import sampling
+
+    _native_or_skip("top_k_law")
+    k = min(k, len(vals) - 1)
+    x = torch.tensor([vals], dtype=getattr(torch, dtype))
+    cfg = SamplingConfig(T, k, top_p)
+    ref = np_reference(np.array(vals, dtype=np.float64), T, k, 1.0)     # the top-k law
+    if placed:                       # a subset head: n columns placed among 3n + 5 tokens
+        cols = torch.randperm(3 * len(vals) + 5, generator=torch.Generator().manual_seed(
+            len(vals)))[: len(vals)]
+        got_v = sampling._native_law(x, cfg, cols, 3 * len(vals) + 5)[0].double().numpy()
+        assert got_v.sum() == pytest.approx(got_v[cols.numpy()].sum(), abs=0)
+        got = got_v[cols.numpy()]
+    else:
+        got = sampling._native_law(x, cfg)[0].double().numpy()
+    assert abs(got.sum() - 1) < 1e-6
+    if top_p == 1.0:
+        np.testing.assert_allclose(got, ref, atol=1e-6)
+        return
+    kept = np.flatnonzero(got)
+    assert set(kept) <= set(np.flatnonzero(ref))
+    np.testing.assert_allclose(got[kept], ref[kept] / ref[kept].sum(), atol=1e-6)
+    # a smallest prefix reaching top_p of the order (probability down, column up)
+    order = sorted(np.flatnonzero(ref), key=lambda i: (-ref[i], i))
+    before = np.cumsum([ref[i] for i in order]) - [ref[i] for i in order]
+    assert set(kept) == {i for i, b in zip(order, before, strict=True) if b < top_p - 1e-9} or \
+        abs(min(abs(before - top_p))) < 1e-6           # a cut within float rounding of top_p
+
+
+def test_native_top_k_law_breaks_nucleus_ties_by_column_and_keeps_k_ties():
+    from coupling.llm import sampling
+
+    _native_or_skip("top_k_law")
+    # three tokens tied at the top, top-p 0.5: the first two columns of the tie are kept
+    x = torch.tensor([[0.0, 2.0, -1.0, 2.0, 2.0, -3.0]])
+    got = sampling._native_law(x, SamplingConfig(1.0, 4, 0.5))[0]
+    assert (got > 0).nonzero().flatten().tolist() == [1, 3]
+    np.testing.assert_allclose(got[[1, 3]].numpy(), [0.5, 0.5], atol=1e-7)
+    # top-k 2 with 3 entries tied at the 2nd largest value: all of them stay
+    x = torch.tensor([[5.0, 1.0, 1.0, 0.0, 1.0]], dtype=torch.bfloat16)
+    got = sampling._native_law(x, SamplingConfig(1.0, 2, 1.0))[0]
+    assert (got > 0).nonzero().flatten().tolist() == [0, 1, 2, 4]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_native_top_k_law_leaves_non_finite_logits_to_the_python_path(bad):
+    from coupling.llm import sampling
+
+    _native_or_skip("top_k_law")
+    x = torch.tensor([[0.5, 2.0, 1.0, 0.0, -1.0, 3.0]])
+    x[0, 4] = bad
+    cfg = SamplingConfig(1.0, 3, 0.9)
+    assert sampling._native_law(x, cfg) is None
+    with_native = probs(x, cfg)
+    sampling.native_laws(False)
+    try:
+        torch.testing.assert_close(with_native, probs(x, cfg), equal_nan=True)
+    finally:
+        sampling.native_laws(True)
+
+
+def test_native_laws_are_off_where_a_gradient_is_needed():
+    from coupling.llm import sampling
+
+    _native_or_skip("top_k_law")
+    x = torch.randn(2, 30, requires_grad=True)
+    assert sampling._native_law(x, SamplingConfig(1.0, 5, 0.9)) is None
+    probs(x, SamplingConfig(1.0, 5, 0.9))[:, 0].sum().backward()
+    assert x.grad is not None
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 4), st.integers(1, 300), st.floats(0.0, 0.95), st.integers(0, 2**31 - 1))
+def test_native_inverse_cdf_draws_the_torch_draws(rows, V, zeros, seed):
+    """``inverse_cdf`` is the float64 cumsum + searchsorted draw, bit for bit: the engine's
+    drafts (``engine._sample_rows``, generator uniforms) and the backend's ``sample_rows``."""
+    from coupling.llm import sampling
+    from coupling.torch_backend._common import sample_rows
+
+    _native_or_skip("inverse_cdf")
+    g = torch.Generator().manual_seed(seed)
+    w = torch.rand(rows, V, generator=g)
+    w[torch.rand(rows, V, generator=g) < zeros] = 0.0
+    w[:, torch.randint(V, (1,), generator=g)] = 0.5            # every row has some mass
+    u = torch.rand(rows, generator=g, dtype=torch.float64)
+    u[0] = 1.0 - 2.0 ** -53 if seed % 2 else 0.0                # the edges
+    fast = sample_rows(w, u)
+    fast_e = E._sample_rows(w, torch.Generator().manual_seed(seed))
+    sampling.native_laws(False)
+    try:
+        assert torch.equal(fast, sample_rows(w, u))
+        assert torch.equal(fast_e, E._sample_rows(w, torch.Generator().manual_seed(seed)))
+    finally:
+        sampling.native_laws(True)
+    assert bool((w.gather(1, fast[:, None]) > 0).all())
+
+
+def test_native_inverse_cdf_takes_the_next_token_at_an_exact_cdf_value():
+    from coupling.torch_backend._common import sample_rows
+
+    _native_or_skip("inverse_cdf")
+    w = torch.tensor([[0.25, 0.0, 0.25, 0.5]])
+    # target = 0.5 * 1.0 equals cdf[2] exactly: the first cdf strictly above it is token 3
+    assert sample_rows(w, torch.tensor([0.5], dtype=torch.float64)).tolist() == [3]
+    assert sample_rows(w, torch.tensor([0.0], dtype=torch.float64)).tolist() == [0]
+
+
+def test_native_union_support_is_the_torch_support_and_leaves_bad_laws_to_it():
+    from coupling.llm import sampling
+
+    _native_or_skip("union_support")
+    g = torch.Generator().manual_seed(5)
+    p = torch.rand(3, 1003, generator=g) * (torch.rand(3, 1003, generator=g) < 0.02)
+    q = torch.rand(2, 1003, generator=g) * (torch.rand(2, 1003, generator=g) < 0.02)
+    fast = rules_adapter.support(p, q)
+    sampling.native_laws(False)
+    try:
+        assert torch.equal(fast, rules_adapter.support(p, q))
+        for bad in (float("nan"), -0.1, float("inf")):
+            pb = p.clone()
+            pb[1, 7] = bad
+            sampling.native_laws(True)
+            fast = rules_adapter.support(pb, q)
+            sampling.native_laws(False)
+            assert torch.equal(fast, rules_adapter.support(pb, q))
+    finally:
+        sampling.native_laws(True)
+
+
 # --------------------------------------------------------------------------- drafters / predict
 
 

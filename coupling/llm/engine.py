@@ -58,7 +58,7 @@ import torch
 
 from .models import GROUPED_SDPA
 from .rules_adapter import MULTI_DRAFT_RULES, SINGLE_DRAFT_RULES
-from .sampling import SamplingConfig, probs
+from .sampling import SamplingConfig, native_function, probs
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -399,9 +399,15 @@ def _sample_rows(q: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     The cumulative sum is float64 and a token of probability 0 is never returned: the search
     finds the first index whose cumulative mass exceeds u * total.
     """
+    u = torch.rand(q.shape[0], 1, generator=gen, device=q.device, dtype=torch.float64)
+    if q.device.type == "cpu" and q.dtype == torch.float32:
+        fn = native_function("inverse_cdf")          # the same draw, one pass per row
+        if fn is not None:
+            x = fn(q.contiguous(), u[:, 0])
+            if bool((x >= 0).all()):
+                return x
     cdf = q.double().cumsum(-1)                                   # [rows, V]
     total = cdf[:, -1:]
-    u = torch.rand(q.shape[0], 1, generator=gen, device=q.device, dtype=torch.float64)
     target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=q.shape[-1] - 1)
 

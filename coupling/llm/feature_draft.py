@@ -53,7 +53,7 @@ from .models import (
     stored_logit_scale,
     write_weights,
 )
-from .sampling import SamplingConfig, probs
+from .sampling import SamplingConfig, _native_law, probs
 
 FEATURE_DRAFT_WEIGHTS = DATA_DIR / "feature_draft_smollm2.safetensors"
 
@@ -242,6 +242,11 @@ class FeatureDraft(torch.nn.Module):
         The same law as ``probs(self.logits(feat), cfg)`` (tokens at ``-inf`` get probability 0
         and never enter the top-k), without building and scanning ``V - n`` logits at ``-inf``.
         """
+        if isinstance(self.head, SubsetHead):
+            # the extension writes the law straight into its [.., V] place (no to_vocab pass)
+            q = _native_law(head_logits, cfg, self.head.tokens, self.head.vocab_size)
+            if q is not None:
+                return q
         q = probs(head_logits, cfg)
         return self.head.to_vocab(q) if isinstance(self.head, SubsetHead) else q
 

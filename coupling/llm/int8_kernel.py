@@ -144,3 +144,10 @@ def feature_step():
     (``coupling.llm.feature_draft``); None where :func:`kernel` would be None."""
     ext, _ = _extension()
     return None if ext is None else getattr(ext, "feature_step", None)
+
+
+def function(name: str):
+    """The extension's function ``name`` (``top_k_law``, ``inverse_cdf``: the sampling laws'
+    fast path, :mod:`coupling.llm.sampling`), or None where :func:`kernel` would be None."""
+    ext, _ = _extension()
+    return None if ext is None else getattr(ext, name, None)

@@ -67,6 +67,14 @@ def check_available(rule: str) -> None:
 
 def support(*laws: torch.Tensor) -> torch.Tensor:
     """Sorted int64 ids of the tokens with positive mass in any row of any law [..., V]."""
+    if all(law.device.type == "cpu" and law.dtype == torch.float32 for law in laws):
+        from .sampling import native_function
+
+        fn = native_function("union_support")       # one pass, no [V] temporaries
+        if fn is not None:
+            ids, ok = fn([law.contiguous() for law in laws])
+            if ok:                                   # else a NaN, inf or negative entry:
+                return ids                           # the path below keeps its behaviour
     top = None
     for law in laws:
         m = law.reshape(-1, law.shape[-1]).amax(0)   # one float reduction: 3x faster than any()

@@ -50,6 +50,9 @@ def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     0.2 ms instead of 0.6 ms per row at V = 49152 on the reference CPU, with the same kept
     set, the same softmax terms (up to summation order) and the same nucleus as the full path.
     """
+    native = _native_law(logits, cfg)
+    if native is not None:
+        return native
     x = logits.float() / cfg.temperature
     V = x.shape[-1]
     if cfg.top_k and cfg.top_k < V:
@@ -62,6 +65,57 @@ def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     if cfg.top_p < 1.0:
         pr = _top_p(pr, cfg.top_p)
     return pr
+
+
+_NATIVE = {"on": True}
+
+
+def native_laws(enabled: bool | None = None) -> bool:
+    """Whether :func:`probs` and the engine's inverse-CDF draws may take the compiled path of
+    :mod:`coupling.llm.int8_kernel`'s extension (on by default; it loads where the int8 kernel
+    does: an AVX2 CPU, ``COUPLING_INT8_KERNEL`` not ``torch``). ``enabled`` sets it (benchmarks'
+    A/B and tests); returns the setting in force."""
+    if enabled is not None:
+        _NATIVE["on"] = bool(enabled)
+    return _NATIVE["on"]
+
+
+def native_function(name: str):
+    """The extension's ``name`` when :func:`native_laws` is on and it loads, else None."""
+    if not _NATIVE["on"]:
+        return None
+    from . import int8_kernel
+
+    return int8_kernel.function(name)
+
+
+def _native_law(logits: torch.Tensor, cfg: SamplingConfig, columns: torch.Tensor | None = None,
+                vocab: int | None = None) -> torch.Tensor | None:
+    """The top-k (then top-p) law of ``logits`` [.., n] computed by the extension, placed at
+    ``columns`` (vocabulary ids of the n columns) in a [.., vocab] law when given; None where
+    the fast path does not apply (no top-k, a GPU tensor, logits that need a gradient
+    (training), a non-finite logit, no extension).
+
+    The same kept set as :func:`_probs_top_k` (every entry tied with the k-th value, from the
+    same float32 ``logits / temperature``); the softmax and the nucleus's running mass are
+    summed in float64, so the law agrees with the Python path to float32 rounding, and ties
+    straddling the nucleus's cut are broken by column order (the Python path: ``torch.topk``'s
+    order), the same for target and draft.
+    """
+    n = logits.shape[-1]
+    if not (cfg.top_k and cfg.top_k < n) or logits.device.type != "cpu" or \
+            logits.dtype not in (torch.float32, torch.bfloat16) or logits.requires_grad:
+        return None
+    fn = native_function("top_k_law")
+    if fn is None:
+        return None
+    width = n if columns is None else int(vocab)
+    cols = torch.empty(0, dtype=torch.long) if columns is None else columns
+    out = fn(logits.reshape(-1, n).contiguous(), float(cfg.temperature), int(cfg.top_k),
+             float(cfg.top_p), cols, width)
+    if out.numel() == 0 and logits.numel() > 0:
+        return None
+    return out.reshape(*logits.shape[:-1], width)
 
 
 def _probs_top_k(x: torch.Tensor, cfg: SamplingConfig, window: int = 32
