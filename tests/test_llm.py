@@ -248,6 +248,15 @@ def test_native_union_support_is_the_torch_support_and_leaves_bad_laws_to_it():
         sampling.native_laws(True)
 
 
+def test_native_top_k_law_rejects_columns_outside_the_vocabulary():
+    fn = _native_or_skip("top_k_law")
+    x = torch.randn(1, 8)
+    with pytest.raises(RuntimeError, match="columns must lie in"):
+        fn(x, 1.0, 3, 0.9, torch.tensor([0, 1, 2, 3, 4, 5, 6, 20]), 10)
+    with pytest.raises(RuntimeError, match="top_p in"):
+        fn(x, 1.0, 3, 0.0, torch.empty(0, dtype=torch.long), 8)
+
+
 # --------------------------------------------------------------------------- drafters / predict
 
 
@@ -1512,3 +1521,4 @@ def test_demo_picks_the_int8_target_and_gated_gamma_only_where_the_cpu_is_avx2()
     assert args.draft_confidence == (0.8 if args.target_quant == "int8" else None)
     args.gamma = 5
     assert resolve_auto(args).gamma == 5                      # resolved once
+

@@ -18,6 +18,12 @@ rows and the thread split, so a row's result is bit for bit the same whether it 
 or with 50 others: a token's projections never depend on the tokens it is verified with (the
 model's attention kernel may still round differently in calls of different lengths).
 
+The same extension holds two more things a CPU step would otherwise spend in small tensor
+operations: the int8 feature draft's whole step (:func:`feature_step`), and the sampling laws'
+fast path (:func:`function`: ``top_k_law``, the top-k / top-p law of a few logit rows;
+``inverse_cdf``, the engine's inverse-CDF draw; ``union_support``, the tokens a rule must look
+at), which :mod:`coupling.llm.sampling` takes where it applies (``sampling.native_laws``).
+
 When
 ----
 ``COUPLING_INT8_KERNEL`` chooses: ``auto`` (default) uses this kernel on a CPU whose best

@@ -8,6 +8,10 @@ the law plain sampling would use. Both come from :func:`probs`, with the same se
 
 computed in float32 from the (bf16) logits. ``temperature == 0`` is rejected: greedy decoding is
 not sampling (use a small temperature instead).
+
+With top-k on, on a CPU where :mod:`coupling.llm.int8_kernel`'s extension loads, the law is
+computed by its ``top_k_law`` in one call per row batch (:func:`native_laws`, :func:`_native_law`):
+the same kept set and the same law to float32 rounding, for target and draft alike.
 """
 
 from __future__ import annotations

@@ -9,6 +9,10 @@
 // Every (row, output) sum runs the same sequence of FMAs whatever M and the thread split are, so
 // a row's result is bit for bit the same in a call of 1 row or of 50 (a token's projections do
 // not depend on the tokens it is verified with).
+//
+// Also here, for the same reason (a CPU step's small tensor operations cost more than their
+// arithmetic): the int8 feature draft's step (feature_step) and the sampling laws (top_k_law,
+// inverse_cdf, union_support; coupling.llm.sampling).
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <immintrin.h>
@@ -299,11 +303,15 @@ at::Tensor top_k_law(const at::Tensor& logits, double temperature, int64_t top_k
               "logits must be a contiguous CPU matrix [R, n]");
   const int64_t R = logits.size(0), n = logits.size(1);
   TORCH_CHECK(top_k >= 1 && top_k < n, "top_k must lie in [1, n)");
+  TORCH_CHECK(temperature > 0.0 && top_p > 0.0 && top_p <= 1.0,
+              "temperature must be > 0 and top_p in (0, 1]");
   const int64_t* col = nullptr;
   if (columns.numel()) {
     TORCH_CHECK(columns.scalar_type() == at::kLong && columns.is_contiguous() &&
                 columns.numel() == n, "columns must be n contiguous int64 ids");
     col = columns.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i)       // the law is written at these ids: check them all
+      TORCH_CHECK(col[i] >= 0 && col[i] < vocab, "columns must lie in [0, vocab)");
   } else {
     TORCH_CHECK(vocab == n, "without columns the output has the logits' width");
   }
