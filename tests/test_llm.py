@@ -115,7 +115,7 @@ def _native_or_skip(name: str):
        st.sampled_from([0.7, 1.0, 1.3]), st.sampled_from([1.0, 0.9, 0.5]),
        st.sampled_from(["float32", "bfloat16"]), st.booleans())
 def test_native_top_k_law_is_the_reference_law(vals, k, T, top_p, dtype, placed):
-    """The compiled top-k / top-p law (``sampling._native_law``): integer logits tie everywhere,
+    """The compiled top-k / top-p law (``sampling.native_law``): integer logits tie everywhere,
     as bf16 logits often do. Every entry tied with the k-th value is kept, the values are the
     reference's to float32 rounding, and the nucleus is a smallest most-likely prefix reaching
     top_p with its ties broken by column order; with ``columns`` the law lands at those ids."""
@@ -129,11 +129,11 @@ def test_native_top_k_law_is_the_reference_law(vals, k, T, top_p, dtype, placed)
     if placed:                       # a subset head: n columns placed among 3n + 5 tokens
         cols = torch.randperm(3 * len(vals) + 5, generator=torch.Generator().manual_seed(
             len(vals)))[: len(vals)]
-        got_v = sampling._native_law(x, cfg, cols, 3 * len(vals) + 5)[0].double().numpy()
+        got_v = sampling.native_law(x, cfg, cols, 3 * len(vals) + 5)[0].double().numpy()
         assert got_v.sum() == pytest.approx(got_v[cols.numpy()].sum(), abs=0)
         got = got_v[cols.numpy()]
     else:
-        got = sampling._native_law(x, cfg)[0].double().numpy()
+        got = sampling.native_law(x, cfg)[0].double().numpy()
     assert abs(got.sum() - 1) < 1e-6
     if top_p == 1.0:
         np.testing.assert_allclose(got, ref, atol=1e-6)
@@ -154,12 +154,12 @@ def test_native_top_k_law_breaks_nucleus_ties_by_column_and_keeps_k_ties():
     _native_or_skip("top_k_law")
     # three tokens tied at the top, top-p 0.5: the first two columns of the tie are kept
     x = torch.tensor([[0.0, 2.0, -1.0, 2.0, 2.0, -3.0]])
-    got = sampling._native_law(x, SamplingConfig(1.0, 4, 0.5))[0]
+    got = sampling.native_law(x, SamplingConfig(1.0, 4, 0.5))[0]
     assert (got > 0).nonzero().flatten().tolist() == [1, 3]
     np.testing.assert_allclose(got[[1, 3]].numpy(), [0.5, 0.5], atol=1e-7)
     # top-k 2 with 3 entries tied at the 2nd largest value: all of them stay
     x = torch.tensor([[5.0, 1.0, 1.0, 0.0, 1.0]], dtype=torch.bfloat16)
-    got = sampling._native_law(x, SamplingConfig(1.0, 2, 1.0))[0]
+    got = sampling.native_law(x, SamplingConfig(1.0, 2, 1.0))[0]
     assert (got > 0).nonzero().flatten().tolist() == [0, 1, 2, 4]
 
 
@@ -171,7 +171,7 @@ def test_native_top_k_law_leaves_non_finite_logits_to_the_python_path(bad):
     x = torch.tensor([[0.5, 2.0, 1.0, 0.0, -1.0, 3.0]])
     x[0, 4] = bad
     cfg = SamplingConfig(1.0, 3, 0.9)
-    assert sampling._native_law(x, cfg) is None
+    assert sampling.native_law(x, cfg) is None
     with_native = probs(x, cfg)
     sampling.native_laws(False)
     try:
@@ -185,7 +185,7 @@ def test_native_laws_are_off_where_a_gradient_is_needed():
 
     _native_or_skip("top_k_law")
     x = torch.randn(2, 30, requires_grad=True)
-    assert sampling._native_law(x, SamplingConfig(1.0, 5, 0.9)) is None
+    assert sampling.native_law(x, SamplingConfig(1.0, 5, 0.9)) is None
     probs(x, SamplingConfig(1.0, 5, 0.9))[:, 0].sum().backward()
     assert x.grad is not None
 

@@ -53,7 +53,7 @@ from .models import (
     stored_logit_scale,
     write_weights,
 )
-from .sampling import SamplingConfig, _native_law, probs
+from .sampling import SamplingConfig, native_law, probs
 
 FEATURE_DRAFT_WEIGHTS = DATA_DIR / "feature_draft_smollm2.safetensors"
 
@@ -244,7 +244,7 @@ class FeatureDraft(torch.nn.Module):
         """
         if isinstance(self.head, SubsetHead):
             # the extension writes the law straight into its [.., V] place (no to_vocab pass)
-            q = _native_law(head_logits, cfg, self.head.tokens, self.head.vocab_size)
+            q = native_law(head_logits, cfg, self.head.tokens, self.head.vocab_size)
             if q is not None:
                 return q
         q = probs(head_logits, cfg)

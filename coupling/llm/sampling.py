@@ -10,7 +10,7 @@ computed in float32 from the (bf16) logits. ``temperature == 0`` is rejected: gr
 not sampling (use a small temperature instead).
 
 With top-k on, on a CPU where :mod:`coupling.llm.int8_kernel`'s extension loads, the law is
-computed by its ``top_k_law`` in one call per row batch (:func:`native_laws`, :func:`_native_law`):
+computed by its ``top_k_law`` in one call per row batch (:func:`native_laws`, :func:`native_law`):
 the same kept set and the same law to float32 rounding, for target and draft alike.
 """
 
@@ -54,7 +54,7 @@ def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     0.2 ms instead of 0.6 ms per row at V = 49152 on the reference CPU, with the same kept
     set, the same softmax terms (up to summation order) and the same nucleus as the full path.
     """
-    native = _native_law(logits, cfg)
+    native = native_law(logits, cfg)
     if native is not None:
         return native
     x = logits.float() / cfg.temperature
@@ -93,7 +93,7 @@ def native_function(name: str):
     return int8_kernel.function(name)
 
 
-def _native_law(logits: torch.Tensor, cfg: SamplingConfig, columns: torch.Tensor | None = None,
+def native_law(logits: torch.Tensor, cfg: SamplingConfig, columns: torch.Tensor | None = None,
                 vocab: int | None = None) -> torch.Tensor | None:
     """The top-k (then top-p) law of ``logits`` [.., n] computed by the extension, placed at
     ``columns`` (vocabulary ids of the n columns) in a [.., vocab] law when given; None where
