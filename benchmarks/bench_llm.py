@@ -11,7 +11,8 @@ that even a free draft and a free engine could not beat; after part 2 the same c
 the run's own mean call times (every rule, its own call against the decoding call).
 
 Part 2 (end to end): ``coupling.llm.demo.run`` with the given settings (every rule, plus the
-autoregressive and HF-assisted baselines, interleaved prompt by prompt), then the targets:
+autoregressive and HF-assisted baselines, interleaved prompt by prompt, their order rotated
+from prompt to prompt), then the targets:
 
 * best rule tokens/s >= 1.3x autoregressive (aim 1.5x) and >= 1.15x HF assisted;
 * token verification's measured block efficiency within 5% of the predicted one;
