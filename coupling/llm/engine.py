@@ -58,7 +58,7 @@ import torch
 
 from .models import GROUPED_SDPA
 from .rules_adapter import MULTI_DRAFT_RULES, SINGLE_DRAFT_RULES
-from .sampling import SamplingConfig, native_function, probs
+from .sampling import SamplingConfig, probs
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -393,23 +393,14 @@ class NoDrafter:
 
 
 def _sample_rows(q: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
-    """One token per row of q [rows, V] (float32) by inverse CDF with uniforms from ``gen``.
+    """One token per row of q [rows, V] (float32) by inverse CDF with uniforms from ``gen``:
+    the backend's :func:`coupling.torch_backend.sample_rows` (float64 running sums, a token of
+    probability 0 never returned; ``torch.multinomial`` costs ~3 ms per call at V = 49152 on
+    CPU)."""
+    from coupling.torch_backend import sample_rows
 
-    (``torch.multinomial`` costs ~3 ms per call at V = 49152 on CPU, a cumulative sum ~0.1 ms.)
-    The cumulative sum is float64 and a token of probability 0 is never returned: the search
-    finds the first index whose cumulative mass exceeds u * total.
-    """
-    u = torch.rand(q.shape[0], 1, generator=gen, device=q.device, dtype=torch.float64)
-    if q.device.type == "cpu" and q.dtype == torch.float32:
-        fn = native_function("inverse_cdf")          # the same draw, one pass per row
-        if fn is not None:
-            x = fn(q.contiguous(), u[:, 0])
-            if bool((x >= 0).all()):
-                return x
-    cdf = q.double().cumsum(-1)                                   # [rows, V]
-    total = cdf[:, -1:]
-    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
-    return torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp_(max=q.shape[-1] - 1)
+    u = torch.rand(q.shape[0], generator=gen, device=q.device, dtype=torch.float64)
+    return sample_rows(q, u)
 
 
 def draft_block(lm: CachedLM, seq: list[int], gamma: int, k: int, cfg: SamplingConfig,
