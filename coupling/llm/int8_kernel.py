@@ -153,7 +153,8 @@ def feature_step():
 
 
 def function(name: str):
-    """The extension's function ``name`` (``top_k_law``, ``inverse_cdf``: the sampling laws'
-    fast path, :mod:`coupling.llm.sampling`), or None where :func:`kernel` would be None."""
+    """The extension's function ``name`` (``top_k_law``, ``inverse_cdf``, ``union_support``:
+    the sampling laws' fast path, :mod:`coupling.llm.sampling`), or None where :func:`kernel`
+    would be None."""
     ext, _ = _extension()
     return None if ext is None else getattr(ext, name, None)

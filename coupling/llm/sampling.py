@@ -75,7 +75,8 @@ _NATIVE = {"on": True}
 
 
 def native_laws(enabled: bool | None = None) -> bool:
-    """Whether :func:`probs` and the engine's inverse-CDF draws may take the compiled path of
+    """Whether :func:`probs`, the inverse-CDF draws (``torch_backend.sample_rows``) and the
+    rules' union support (``rules_adapter.support``) may take the compiled path of
     :mod:`coupling.llm.int8_kernel`'s extension (on by default; it loads where the int8 kernel
     does: an AVX2 CPU, ``COUPLING_INT8_KERNEL`` not ``torch``). ``enabled`` sets it (benchmarks'
     A/B and tests); returns the setting in force."""
