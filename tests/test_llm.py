@@ -389,6 +389,50 @@ def test_compressed_decide_refuses_a_draft_outside_both_supports():
             rules_adapter.decide("token", torch.tensor([[2]]), q, p, 0, 5, compress=compress)
 
 
+@pytest.mark.parametrize("native", [True, False])
+@pytest.mark.parametrize("bad", [float("nan"), -1e-3, float("inf")])
+@pytest.mark.parametrize("law", ["p", "q"])
+def test_decide_names_a_bad_entry_that_lies_outside_every_support(law, bad, native):
+    """A NaN, infinite or negative entry is outside the support, so the compressed laws alone
+    would not contain it: decide must check the full laws and refuse them, as compress=False
+    does, for every rule (it once returned a verdict for NaN and negative entries)."""
+    from coupling.llm import sampling
+
+    g = 2
+    p = torch.zeros(2, g + 1, 12)
+    p[..., :4] = 0.25
+    q = torch.zeros(2, g, 12)
+    q[..., :4] = 0.25
+    (p if law == "p" else q)[0, 1, 9] = bad          # column 9: no other row has mass there
+    drafts = torch.tensor([[1, 2], [3, 0]])
+    want = "NaN or inf" if bad != -1e-3 else "negative entries"
+    sampling.native_laws(native)
+    try:
+        for rule in rules_adapter.RULES:
+            k = 1 if rule in rules_adapter.SINGLE_DRAFT_RULES else 2
+            if rules_adapter.available()[rule] is not None:
+                continue
+            for compress in (True, False):
+                with pytest.raises(ValueError, match=f"{law} (contains|has) .*{want}"):
+                    rules_adapter.decide(rule, drafts[:k], q[:k], p[:k], 3, 7,
+                                         compress=compress)
+    finally:
+        sampling.native_laws(True)
+
+
+@pytest.mark.parametrize("rule", ["token", "gumbel"])
+def test_sample_target_refuses_a_bad_law(rule):
+    p = torch.full((1, 8), 0.125)
+    assert 0 <= rules_adapter.sample_target(rule, p, 0, 3) < 8
+    for bad, msg in ((float("nan"), "NaN or inf"), (-0.125, "negative"), (0.5, "sum to 1")):
+        pb = p.clone()
+        pb[0, 5] = bad
+        with pytest.raises(ValueError, match=msg):
+            rules_adapter.sample_target(rule, pb, 0, 3)
+    with pytest.raises(ValueError, match="q contains NaN"):
+        rules_adapter.gumbel_draft(torch.tensor([[0.5, float("nan"), 0.5]]), 0, 3)
+
+
 # --------------------------------------------------------------------------- cache rollback
 
 

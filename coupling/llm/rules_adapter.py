@@ -67,6 +67,13 @@ def check_available(rule: str) -> None:
 
 def support(*laws: torch.Tensor) -> torch.Tensor:
     """Sorted int64 ids of the tokens with positive mass in any row of any law [..., V]."""
+    return checked_support(*laws)[0]
+
+
+def checked_support(*laws: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """(:func:`support`, ok): ok is False when some entry of some law is NaN, infinite or
+    negative. Such an entry lies outside the support, so a rule handed only the support's
+    entries would never see it: callers must then check the full laws (and fail loudly)."""
     if all(law.device.type == "cpu" and law.dtype == torch.float32 for law in laws):
         from .sampling import native_function
 
@@ -74,12 +81,16 @@ def support(*laws: torch.Tensor) -> torch.Tensor:
         if fn is not None:
             ids, ok = fn([law.contiguous() for law in laws])
             if ok:                                   # else a NaN, inf or negative entry:
-                return ids                           # the path below keeps its behaviour
-    top = None
+                return ids, True                     # the path below finds the ids
+    top, low = None, None
     for law in laws:
-        m = law.reshape(-1, law.shape[-1]).amax(0)   # one float reduction: 3x faster than any()
-        top = m if top is None else torch.maximum(top, m)
-    return (top > 0).nonzero().squeeze(-1)
+        flat = law.reshape(-1, law.shape[-1])
+        m = flat.amax(0)                             # one float reduction: 3x faster than any()
+        top = m if top is None else torch.maximum(top, m)   # NaN propagates, as +inf
+        lo = flat.amin()
+        low = lo if low is None else torch.minimum(low, lo)
+    ok = bool(torch.isfinite(top).all()) and bool(low >= 0)
+    return (top > 0).nonzero().squeeze(-1), ok
 
 
 _OFF_SUPPORT = ("drafts: a drafted token has q = 0 and p = 0, outside the support of the laws; "
@@ -113,7 +124,10 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
     idx = None
     if compress:
         V = p.shape[-1]
-        idx = support(p, q)
+        idx, ok = checked_support(p, q)
+        if not ok:   # a NaN, inf or negative entry: the backend's checks name it on full laws
+            compress, idx = False, None
+    if compress:
         # full-V laws, above as_numpy's size bound: only whether numpy can read them in place
         if numpy_readable(p) and numpy_readable(q) and drafts.device.type == "cpu":
             ids, d = idx.numpy(), drafts.numpy()
@@ -145,7 +159,7 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
     return m, c, (toks if idx is None else idx[toks]).tolist()
 
 
-def _gumbel_argmax(law: torch.Tensor, seed: int, position: int) -> torch.Tensor:
+def _gumbel_argmax(law: torch.Tensor, seed: int, position: int, name: str) -> torch.Tensor:
     """argmax_v log law[r, v] + G(seed, position, v) per row r of law [rows, V] (float64).
 
     Only tokens of positive mass can win, so the noise is hashed on the support alone
@@ -153,7 +167,10 @@ def _gumbel_argmax(law: torch.Tensor, seed: int, position: int) -> torch.Tensor:
     """
     from coupling.torch_backend import gumbel_noise
 
-    idx = support(law)
+    idx, ok = checked_support(law)
+    if not ok:
+        raise ValueError(f"{name} contains NaN, inf or negative entries; probabilities must be "
+                         "finite and >= 0")
     g = gumbel_noise(torch.tensor(seed, device=law.device),
                      torch.tensor(position, device=law.device), law.shape[-1], tokens=idx,
                      dtype=torch.float64, device=law.device)                    # [U]
@@ -162,12 +179,17 @@ def _gumbel_argmax(law: torch.Tensor, seed: int, position: int) -> torch.Tensor:
 
 def sample_target(rule: str, p: torch.Tensor, seed: int, position: int,
                   gen: torch.Generator | None = None) -> int:
-    """Plain sample from p [1, V] keyed by (seed, position) (see module docstring)."""
+    """Plain sample from p [1, V] keyed by (seed, position) (see module docstring).
+
+    p is checked first (finite, non-negative, rows summing to 1), as the rules check theirs:
+    the inverse-CDF draw would turn a NaN law into some token without a word."""
     from coupling.torch_backend import sample_rows, uniforms
+    from coupling.torch_backend._common import check_probs
     from coupling.torch_backend.rng import STREAM_SAMPLE
 
+    check_probs(p, "p")
     if rule == "gumbel":
-        return int(_gumbel_argmax(p, seed, position)[0])
+        return int(_gumbel_argmax(p, seed, position, "p")[0])
     seeds = torch.tensor([seed], device=p.device)
     pos = torch.tensor([position], device=p.device)
     u = uniforms(seeds, pos, 1, stream=STREAM_SAMPLE, device=p.device)[:, 0]
@@ -177,4 +199,4 @@ def sample_target(rule: str, p: torch.Tensor, seed: int, position: int,
 def gumbel_draft(q: torch.Tensor, seed: int, position: int) -> torch.Tensor:
     """Drafter side of the Gumbel coupling: argmax(log q + G(seed, position)) per row of
     q [rows, V], every row keyed by the same (seed, position)."""
-    return _gumbel_argmax(q, seed, position)
+    return _gumbel_argmax(q, seed, position, "q")

@@ -74,7 +74,9 @@ def as_numpy(x: torch.Tensor) -> np.ndarray | None:
     return None
 
 
-def _check_probs(x: torch.Tensor, name: str, atol: float | None) -> None:
+def check_probs(x: torch.Tensor, name: str, atol: float | None = None) -> None:
+    """Raise ValueError unless x [..., V] is finite, non-negative, each row summing to 1 within
+    atol (default by dtype)."""
     if not x.dtype.is_floating_point:
         raise ValueError(f"{name} must be a floating tensor of probabilities, got dtype {x.dtype}")
     if x.numel() == 0:
@@ -186,8 +188,8 @@ def check_inputs(
     pos_t = _as_int_vector(positions, "positions", B, drafts.device)
     drafts = drafts.to(torch.int64)
     if validate:
-        _check_probs(p, "p", atol)
-        _check_probs(q, "q", atol)
+        check_probs(p, "p", atol)
+        check_probs(q, "q", atol)
         if drafts.numel():
             qn = as_numpy(q)
             d = drafts.numpy() if qn is not None else drafts
