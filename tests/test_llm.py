@@ -194,7 +194,8 @@ def test_native_laws_are_off_where_a_gradient_is_needed():
 @given(st.integers(1, 4), st.integers(1, 300), st.floats(0.0, 0.95), st.integers(0, 2**31 - 1))
 def test_native_inverse_cdf_draws_the_torch_draws(rows, V, zeros, seed):
     """``inverse_cdf`` is the float64 cumsum + searchsorted draw, bit for bit: the engine's
-    drafts (``engine._sample_rows``, generator uniforms) and the backend's ``sample_rows``."""
+    drafts (``engine._sample_rows``, generator uniforms) and ``sampling.sample_rows`` (the
+    plain sampler's), against the backend's torch ``sample_rows``."""
     from coupling.llm import sampling
     from coupling.torch_backend._common import sample_rows
 
@@ -205,11 +206,12 @@ def test_native_inverse_cdf_draws_the_torch_draws(rows, V, zeros, seed):
     w[:, torch.randint(V, (1,), generator=g)] = 0.5            # every row has some mass
     u = torch.rand(rows, generator=g, dtype=torch.float64)
     u[0] = 1.0 - 2.0 ** -53 if seed % 2 else 0.0                # the edges
-    fast = sample_rows(w, u)
+    fast = sampling.sample_rows(w, u)
     fast_e = E._sample_rows(w, torch.Generator().manual_seed(seed))
+    assert torch.equal(fast, sample_rows(w, u))
     sampling.native_laws(False)
     try:
-        assert torch.equal(fast, sample_rows(w, u))
+        assert torch.equal(fast, sampling.sample_rows(w, u))
         assert torch.equal(fast_e, E._sample_rows(w, torch.Generator().manual_seed(seed)))
     finally:
         sampling.native_laws(True)
@@ -217,7 +219,7 @@ def test_native_inverse_cdf_draws_the_torch_draws(rows, V, zeros, seed):
 
 
 def test_native_inverse_cdf_takes_the_next_token_at_an_exact_cdf_value():
-    from coupling.torch_backend._common import sample_rows
+    from coupling.llm.sampling import sample_rows
 
     _native_or_skip("inverse_cdf")
     w = torch.tensor([[0.25, 0.0, 0.25, 0.5]])

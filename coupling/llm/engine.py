@@ -394,10 +394,10 @@ class NoDrafter:
 
 def _sample_rows(q: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
     """One token per row of q [rows, V] (float32) by inverse CDF with uniforms from ``gen``:
-    the backend's :func:`coupling.torch_backend.sample_rows` (float64 running sums, a token of
-    probability 0 never returned; ``torch.multinomial`` costs ~3 ms per call at V = 49152 on
+    :func:`coupling.llm.sampling.sample_rows`, the backend's draw (float64 running sums, a token
+    of probability 0 never returned; ``torch.multinomial`` costs ~3 ms per call at V = 49152 on
     CPU)."""
-    from coupling.torch_backend import sample_rows
+    from .sampling import sample_rows
 
     u = torch.rand(q.shape[0], generator=gen, device=q.device, dtype=torch.float64)
     return sample_rows(q, u)

@@ -183,9 +183,11 @@ def sample_target(rule: str, p: torch.Tensor, seed: int, position: int,
 
     p is checked first (finite, non-negative, rows summing to 1), as the rules check theirs:
     the inverse-CDF draw would turn a NaN law into some token without a word."""
-    from coupling.torch_backend import sample_rows, uniforms
+    from coupling.torch_backend import uniforms
     from coupling.torch_backend._common import check_probs
     from coupling.torch_backend.rng import STREAM_SAMPLE
+
+    from .sampling import sample_rows
 
     check_probs(p, "p")
     if rule == "gumbel":

@@ -75,7 +75,7 @@ _NATIVE = {"on": True}
 
 
 def native_laws(enabled: bool | None = None) -> bool:
-    """Whether :func:`probs`, the inverse-CDF draws (``torch_backend.sample_rows``) and the
+    """Whether :func:`probs`, the inverse-CDF draws (:func:`sample_rows`) and the
     rules' union support (``rules_adapter.support``) may take the compiled path of
     :mod:`coupling.llm.int8_kernel`'s extension (on by default; it loads where the int8 kernel
     does: an AVX2 CPU, ``COUPLING_INT8_KERNEL`` not ``torch``). ``enabled`` sets it (benchmarks'
@@ -92,6 +92,22 @@ def native_function(name: str):
     from . import int8_kernel
 
     return int8_kernel.function(name)
+
+
+def sample_rows(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One token per row of non-negative ``weights`` [rows, V] for the uniforms ``u`` [rows]:
+    :func:`coupling.torch_backend.sample_rows`, bit for bit (the first token whose float64
+    running sum exceeds ``u * total``), by the extension's ``inverse_cdf`` where it applies
+    (float32 CPU rows: one pass per row, ~0.1 instead of ~0.2 ms at V = 49152)."""
+    from coupling.torch_backend import sample_rows as torch_sample_rows
+
+    if weights.device.type == "cpu" and weights.dtype == torch.float32 and weights.dim() == 2:
+        fn = native_function("inverse_cdf")
+        if fn is not None:
+            idx = fn(weights.contiguous(), u.to(torch.float64).reshape(-1))
+            if bool((idx >= 0).all()):         # else a row of total 0 (or NaN): torch decides
+                return idx
+    return torch_sample_rows(weights, u)
 
 
 def native_law(logits: torch.Tensor, cfg: SamplingConfig, columns: torch.Tensor | None = None,

@@ -259,14 +259,6 @@ def sample_rows(
     is 0 sample from ``fallback`` instead (their conditioning event has probability 0 in
     exact arithmetic; it can only be reached through float rounding).
     """
-    if weights.device.type == "cpu" and weights.dtype == torch.float32 and weights.dim() == 2:
-        from coupling.llm.sampling import native_function
-
-        fn = native_function("inverse_cdf")       # the same draws, one pass per row
-        if fn is not None:
-            idx = fn(weights.contiguous(), u.to(torch.float64).reshape(-1))
-            if bool((idx >= 0).all()):
-                return idx
     w = weights.to(torch.float64)
     cdf = w.cumsum(-1)  # [N, V]
     total = cdf[:, -1]
