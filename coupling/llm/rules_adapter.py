@@ -82,14 +82,16 @@ def checked_support(*laws: torch.Tensor) -> tuple[torch.Tensor, bool]:
             ids, ok = fn([law.contiguous() for law in laws])
             if ok:                                   # else a NaN, inf or negative entry:
                 return ids, True                     # the path below finds the ids
-    top, low = None, None
+    top, low = torch.zeros(laws[0].shape[-1], device=laws[0].device), None
     for law in laws:
+        if law.numel() == 0:
+            continue
         flat = law.reshape(-1, law.shape[-1])
         m = flat.amax(0)                             # one float reduction: 3x faster than any()
-        top = m if top is None else torch.maximum(top, m)   # NaN propagates, as +inf
+        top = torch.maximum(top, m)                  # NaN propagates, as +inf does
         lo = flat.amin()
         low = lo if low is None else torch.minimum(low, lo)
-    ok = bool(torch.isfinite(top).all()) and bool(low >= 0)
+    ok = bool(torch.isfinite(top).all()) and (low is None or bool(low >= 0))
     return (top > 0).nonzero().squeeze(-1), ok
 
 
