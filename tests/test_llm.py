@@ -180,6 +180,19 @@ def test_native_top_k_law_leaves_non_finite_logits_to_the_python_path(bad):
         sampling.native_laws(True)
 
 
+def test_native_top_k_law_leaves_subnormal_scaled_logits_to_the_python_path():
+    """A temperature above 1 can scale logits into the subnormal range, where division
+    rounds by an absolute step and ties form that the compiled pre-filter would miss."""
+    from coupling.llm import sampling
+
+    _native_or_skip("top_k_law")
+    x = torch.tensor([[3.0e-10, 2.0e-10, 1.0e-10, 1.0e-10 - 3e-16, 0.0, 0.0, 0.0, 0.0]])
+    cfg = SamplingConfig(1e30, 3, 1.0)
+    assert sampling.native_law(x, cfg) is None
+    assert (probs(x, cfg) > 0).sum().item() == 4      # x[3] / T rounds onto x[2] / T: kept
+    assert sampling.native_law(x, SamplingConfig(1e-3, 3, 1.0)) is not None
+
+
 def test_native_laws_are_off_where_a_gradient_is_needed():
     from coupling.llm import sampling
 
@@ -422,6 +435,22 @@ def test_decide_names_a_bad_entry_that_lies_outside_every_support(law, bad, nati
         sampling.native_laws(True)
 
 
+@pytest.mark.parametrize("compress", [True, False])
+def test_decide_refuses_float_draft_ids_and_two_vocabularies(compress):
+    """What compression would blur: float or bool ids (searchsorted takes them) and laws over
+    two vocabularies (a tokenizer mismatch) are refused as on the full laws."""
+    p = torch.full((1, 2, 6), 1 / 6)
+    q = torch.full((1, 1, 6), 1 / 6)
+    for ids in (torch.tensor([[2.0]]), torch.tensor([[1.0]], dtype=torch.float32),
+                torch.tensor([[True]])):
+        with pytest.raises(ValueError, match="integer token ids"):
+            rules_adapter.decide("token", ids, q, p, 0, 5, compress=compress)
+    for rule in ("token", "rrs"):
+        with pytest.raises(ValueError, match="share one vocabulary"):
+            rules_adapter.decide(rule, torch.tensor([[2]]), q[..., :5] * 1.2, p, 0, 5,
+                                 compress=compress)
+
+
 @pytest.mark.parametrize("rule", ["token", "gumbel"])
 def test_sample_target_refuses_a_bad_law(rule):
     p = torch.full((1, 8), 0.125)
@@ -433,6 +462,9 @@ def test_sample_target_refuses_a_bad_law(rule):
             rules_adapter.sample_target(rule, pb, 0, 3)
     with pytest.raises(ValueError, match="q contains NaN"):
         rules_adapter.gumbel_draft(torch.tensor([[0.5, float("nan"), 0.5]]), 0, 3)
+    for q in (torch.zeros(1, 3), torch.tensor([[0, 3, 1]])):    # no mass; integer counts
+        with pytest.raises(ValueError, match="sum to 1|floating"):
+            rules_adapter.gumbel_draft(q, 0, 3)
 
 
 # --------------------------------------------------------------------------- cache rollback

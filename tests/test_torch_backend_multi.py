@@ -526,6 +526,28 @@ def test_multi_validation():
         )
     with pytest.raises(ValueError, match="q must be a floating tensor"):
         gumbel_draft(torch.zeros(3, dtype=torch.long), 0, 0)
+    # a NaN or negative entry would simply never win the argmax: refused like elsewhere
+    for bad, msg in ((float("nan"), "NaN or inf"), (-0.25, "negative"), (0.75, "sum to 1")):
+        with pytest.raises(ValueError, match=msg):
+            gumbel_draft(torch.tensor([0.25, 0.5, bad]), 0, 0)
+
+
+@pytest.mark.parametrize("one_row", [True, False], ids=["numpy-walk", "torch-walk"])
+@pytest.mark.parametrize("rule", ["rrs", "kseq", "optimal"])
+def test_multi_draft_rules_take_laws_that_require_grad(monkeypatch, rule, one_row):
+    """Laws still attached to an autograd graph (a draft in training) verify as detached
+    ones do, on both walks (the numpy walk once called .numpy() on them and failed)."""
+    from coupling.torch_backend import multi
+
+    monkeypatch.setattr(multi, "ONE_ROW_IN_NUMPY", one_row)
+    p = torch.tensor([[[[0, 0.5, 0.5, 0], [0, 0, 0.25, 0.75]],
+                       [[0, 0.5, 0.5, 0], [0.5, 0, 0.25, 0.25]]]])
+    q = torch.tensor([[[[0, 0.25, 0.75, 0]], [[0, 0.25, 0.75, 0]]]])
+    d = torch.tensor([[[2], [1]]])
+    want = verify(rule, d, p, q, seeds=3, positions=5)
+    got = verify(rule, d, p.clone().requires_grad_(), q.clone().requires_grad_(), seeds=3,
+                 positions=5)
+    assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
 
 
 @pytest.mark.parametrize("small_rows", [0, 8], ids=["torch", "cpu-rows-numpy"])

@@ -117,8 +117,14 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
     passes over V then cost next to nothing, and gumbel skips hashing V entries per position.
     """
     from coupling import torch_backend as tb
-    from coupling.torch_backend._common import numpy_readable
+    from coupling.torch_backend._common import check_token_ids, numpy_readable
 
+    # what compression would blur: the ids' type and the shared vocabulary (the backend
+    # checks every other shape, on the compressed laws)
+    check_token_ids(drafts)
+    if p.shape[-1] != q.shape[-1]:
+        raise ValueError(f"p and q must share one vocabulary (their last axis): p has "
+                         f"{p.shape[-1]} entries, q {q.shape[-1]}")
     name, repl = backend_rule(rule, replacement)
     kwargs = {}
     if name in _TAKES_REPLACEMENT:
@@ -168,11 +174,10 @@ def _gumbel_argmax(law: torch.Tensor, seed: int, position: int, name: str) -> to
     (``gumbel_noise(tokens=)``); the winner is the full-vocabulary argmax, bit for bit.
     """
     from coupling.torch_backend import gumbel_noise
+    from coupling.torch_backend._common import check_probs
 
-    idx, ok = checked_support(law)
-    if not ok:
-        raise ValueError(f"{name} contains NaN, inf or negative entries; probabilities must be "
-                         "finite and >= 0")
+    check_probs(law, name)      # else a NaN or negative entry would simply never win
+    idx = support(law)
     g = gumbel_noise(torch.tensor(seed, device=law.device),
                      torch.tensor(position, device=law.device), law.shape[-1], tokens=idx,
                      dtype=torch.float64, device=law.device)                    # [U]
@@ -191,9 +196,9 @@ def sample_target(rule: str, p: torch.Tensor, seed: int, position: int,
 
     from .sampling import sample_rows
 
-    check_probs(p, "p")
     if rule == "gumbel":
         return int(_gumbel_argmax(p, seed, position, "p")[0])
+    check_probs(p, "p")
     seeds = torch.tensor([seed], device=p.device)
     pos = torch.tensor([position], device=p.device)
     u = uniforms(seeds, pos, 1, stream=STREAM_SAMPLE, device=p.device)[:, 0]

@@ -124,6 +124,12 @@ def _as_int_vector(x: torch.Tensor | int, name: str, B: int, device: torch.devic
     return t
 
 
+def check_token_ids(drafts: torch.Tensor) -> None:
+    """Raise ValueError unless ``drafts`` holds integers (token ids), not floats or bools."""
+    if drafts.dtype.is_floating_point or drafts.dtype == torch.bool or drafts.dtype.is_complex:
+        raise ValueError(f"drafts must hold integer token ids (int64), got dtype {drafts.dtype}")
+
+
 def check_inputs(
     drafts: torch.Tensor,
     p: torch.Tensor,
@@ -152,8 +158,7 @@ def check_inputs(
             f"drafts must have shape [B, k, gamma] (or [B, gamma] with p [B, gamma+1, V] and "
             f"q [B, gamma, V] for one branch), got {tuple(drafts.shape)}"
         )
-    if drafts.dtype.is_floating_point or drafts.dtype == torch.bool or drafts.dtype.is_complex:
-        raise ValueError(f"drafts must hold integer token ids (int64), got dtype {drafts.dtype}")
+    check_token_ids(drafts)
     B, k, g = drafts.shape
     if p.ndim != 4 or q.ndim != 4:
         raise ValueError(

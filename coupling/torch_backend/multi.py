@@ -87,7 +87,15 @@ import torch
 from ..rules import kseq as ref_kseq
 from ..rules import tree as ref_tree
 from ..rules.kseq import RESIDUAL_ULPS as _KSEQ_RESIDUAL_ULPS
-from ._common import Verdict, assemble, check_inputs, coin_uniforms, sample_rows, sample_uniforms
+from ._common import (
+    Verdict,
+    assemble,
+    check_inputs,
+    check_probs,
+    coin_uniforms,
+    sample_rows,
+    sample_uniforms,
+)
 from .rng import gumbel_noise
 
 __all__ = ["kseq", "rrs", "optimal", "gumbel", "gumbel_draft", "kseq_rho", "walk_tree"]
@@ -438,8 +446,8 @@ def _optimal_step(replacement: bool) -> StepFn:
         # m >= 2 survivors: sample the draft tuple's row of an exact LP plan (numpy, per row)
         y = y.clone()
         idx = torch.nonzero(multi).squeeze(1).tolist()
-        P = p_i[idx].to(torch.float64).cpu().numpy()
-        Q = q_i[idx].to(torch.float64).cpu().numpy()
+        P = p_i[idx].detach().to(torch.float64).cpu().numpy()
+        Q = q_i[idx].detach().to(torch.float64).cpu().numpy()
         X, A, U = x[idx].cpu().numpy(), alive[idx].cpu().numpy(), u[idx].cpu().numpy()
         for n, b in enumerate(idx):
             pb, qb = P[n] / P[n].sum(), Q[n] / Q[n].sum()
@@ -461,6 +469,7 @@ def gumbel_draft(
     """
     if not isinstance(q, torch.Tensor) or not q.dtype.is_floating_point or q.ndim < 1:
         raise ValueError("q must be a floating tensor [..., V] of draft probabilities")
+    check_probs(q, "q")
     s = torch.as_tensor(seeds, device=q.device)
     t = torch.as_tensor(positions, device=q.device)
     s, t = torch.broadcast_tensors(s, t)
@@ -490,7 +499,7 @@ def _walk_one_row(rule: str, replacement: bool, drafts, p, q, coins, u) -> Verdi
     """:func:`walk_tree` for ``B = 1`` on a CPU, by :func:`coupling.rules.tree.walk`; only the
     rows the walk reads are converted to float64."""
     def laws(t: torch.Tensor):
-        return lambda j, i: t[0, j, i].to(torch.float64).numpy()
+        return lambda j, i: t[0, j, i].detach().to(torch.float64).numpy()
 
     n, branch, y = ref_tree.walk(ref_tree.step_for(rule, replacement), drafts[0].numpy(),
                                  laws(p), laws(q), coins[0].numpy(), u[0].numpy())

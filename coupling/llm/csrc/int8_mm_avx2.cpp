@@ -18,6 +18,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <functional>
 #include <vector>
@@ -247,6 +248,9 @@ bool row_law(const T* row, int64_t n, float temperature, int64_t k, double top_p
   for (; i < n; ++i) if (!offer(i)) return false;
   const float lk = heap.front();
   const float kth = lk / temperature;
+  // a temperature above 1 can push logits / T into the subnormal range, where division rounds
+  // by an absolute step and logits below lo may land on kth: the Python path decides those
+  if (temperature > 1.0f && std::fabs(kth) < FLT_MIN) return false;
   const float lo = lk - std::fabs(lk) * 1e-6f - 1e-30f;
   kept.clear();
   const __m256 vlo = _mm256_set1_ps(lo);
