@@ -33,6 +33,12 @@ Usage::
         --rules block,rrs:2,optimal_wor:2,rrs:4
     python benchmarks/bench_gamma.py --target-quant int8 --threads 2 --gammas 2@0.8 \
         --rules token,block --native-laws both
+    python benchmarks/bench_gamma.py --target-quant int8 --threads 2 --gammas 2@0.8 \
+        --rules block --dtypes bfloat16,float32
+
+``--dtypes bfloat16,float32`` runs every method, autoregressive sampling included, with the
+target's (and its draft's) activations in each dtype; the int8 kernel computes in float32
+whatever the activations, so this isolates what the activations' dtype costs around it.
 """
 
 from __future__ import annotations
@@ -62,6 +68,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--predict", choices=("off", "on", "both"), default="off",
                     help="run the engine with the demo's per-step analysis (predict=True)")
     ap.add_argument("--target-quant", choices=("none", "int8"), default="none")
+    ap.add_argument("--dtypes", type=str, default="bfloat16",
+                    help="comma-separated activation dtypes of the target (and its draft), "
+                         "e.g. bfloat16,float32: every method, autoregressive sampling "
+                         "included, for each; ratios against the first dtype's")
     ap.add_argument("--native-laws", choices=("on", "off", "both"), default="on",
                     help="the compiled sampling laws and draws (sampling.native_laws); both: "
                          "every method, autoregressive included, also with the Python path")
@@ -69,10 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    target = models.load_target("bfloat16")
-    draft = load_feature_draft(target, head_tokens=models.DRAFT_HEAD_TOKENS, int8=True)
-    if args.target_quant == "int8":
-        models.quantize_target_int8(target)
+    dtypes = args.dtypes.split(",")
+    pairs = {}                                   # dtype -> (target, its feature draft)
+    for dt in dtypes:
+        t = models.load_target(dt)
+        d = load_feature_draft(t, head_tokens=models.DRAFT_HEAD_TOKENS, int8=True)
+        if args.target_quant == "int8":
+            models.quantize_target_int8(t)
+        pairs[dt] = (t, d)
+    target, draft = pairs[dtypes[0]]
     tok, cfg, prompts = demo_prompts(args.prompts)
     sampling.native_laws(args.native_laws != "off")
 
@@ -86,10 +101,14 @@ def main(argv: list[str] | None = None) -> int:
                 sampling.native_laws(before)
         return go
 
-    def method(rule: str, k: int, gamma: int, conf: float | None, predict: bool):
-        return lambda p, kw: E.generate(target, FeatureDrafter(draft), p, rule=rule, k=k,
+    def method(rule: str, k: int, gamma: int, conf: float | None, predict: bool, dt: str):
+        t, d = pairs[dt]
+        return lambda p, kw: E.generate(t, FeatureDrafter(d), p, rule=rule, k=k,
                                         gamma=gamma, predict=predict, draft_confidence=conf,
                                         **kw)
+
+    def tag(dt: str) -> str:
+        return f"{dt} " if len(dtypes) > 1 else ""
 
     def length(spec: str) -> tuple[int, float | None]:
         g, _, c = spec.partition("@")
@@ -99,12 +118,16 @@ def main(argv: list[str] | None = None) -> int:
              for r in args.rules.split(",")]
     modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.predict]
     # one group per method: the order of all of them rotates from prompt to prompt
-    groups = [[(f"gamma={g}{f'@{c:g}' if c is not None else ''} {rule}"
+    groups = [[(f"{tag(dt)}gamma={g}{f'@{c:g}' if c is not None else ''} {rule}"
                 f"{f' k={k}' if k > 1 else ''}"
                 f"{' predict' if pr and args.predict == 'both' else ''}",
-                method(rule, k, g, c, pr))]
+                method(rule, k, g, c, pr, dt))]
+              for dt in dtypes
               for g, c in map(length, args.gammas.split(",")) for rule, k in rules
               for pr in modes]
+    groups += [[(f"autoregressive {dt}",
+                 lambda p, kw, t=pairs[dt][0]: E.autoregressive(t, p, **kw))]
+               for dt in dtypes[1:]]
     if args.native_laws == "both":
         groups = [[(f"{name} python-laws", with_laws(False, run))]
                   for grp in groups for name, run in grp] + groups + [
@@ -113,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
                        eos_token_id=tok.eos_token_id)
     print(f"feature draft (int8, {models.DRAFT_HEAD_TOKENS}-token head, "
-          f"s = {draft.logit_scale:g}), target bf16"
+          f"s = {draft.logit_scale:g}), target {'/'.join(dtypes)}"
           f"{' + int8 weights' if args.target_quant == 'int8' else ''}, {len(prompts)} prompts"
           f" x {args.max_new_tokens} tokens, {args.threads} thread(s), "
           f"native laws {args.native_laws}")

@@ -84,10 +84,13 @@ def main(argv=None) -> int:
     ap.add_argument("--head-tokens", type=str, default=None,
                     help="comma-separated sizes of the drafts' head subsets, each reported "
                          "(default models.DRAFT_HEAD_TOKENS, the demo's; 0: the full head)")
+    ap.add_argument("--dtype", type=str, default="bfloat16",
+                    help="the target's dtype, which its drafts take too (float32: the feature "
+                         "draft then reads float32 features; it was trained on bf16 ones)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    target = models.load_target("bfloat16")
+    target = models.load_target(args.dtype)
     tok = models.load_tokenizer()
 
     def drafts(head: int):
