@@ -172,6 +172,12 @@ def check_sampler(
     ``reference`` (default: ``rule`` itself). A negative control passes a broken ``rule``
     with the correct ``reference``: its own joint would agree with its own sampler."""
     pa, qa = check_pair(p, q)
+    # n = 0 tests nothing and alpha <= 0 rejects nothing: either would pass a broken rule
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+        raise ValueError(f"n must be a positive integer number of samples, got {n!r}")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha must lie in (0, 1) (the test's false-positive rate), got "
+                         f"{alpha!r}")
     rng = np.random.default_rng(seed)
     tuples, _ = tuple_law(qa, k, replacement=replacement)
     ref = rule if reference is None else reference

@@ -221,11 +221,16 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "demo":
         return _cmd_demo(argv[1:])
     args = build_parser().parse_args(argv)
+    from .solve import SolverError
+
     try:
         return _cmd_analyze(args)
-    except ValueError as exc:
+    except (ValueError, OverflowError) as exc:       # bad input
         print(f"coupling analyze: error: {exc}", file=sys.stderr)
         return 2
+    except SolverError as exc:                        # an LP that could not be certified
+        print(f"coupling analyze: solver error: {exc}", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -97,8 +97,12 @@ def as_distribution(x: ArrayLike, *, atol: float = 1e-9, name: str = "p") -> np.
             "probabilities must be >= 0 (did you pass logits? apply a softmax first)"
         )
     # exact summation is cheap for small vocabularies; pairwise summation (error ~ eps log V)
-    # keeps a 49152-token validation at microseconds
-    total = math.fsum(arr.tolist()) if arr.size <= 4096 else float(arr.sum())
+    # keeps a 49152-token validation at microseconds. fsum raises OverflowError where the
+    # pairwise sum would read inf: an entry that large is no probability anyway
+    try:
+        total = math.fsum(arr.tolist()) if arr.size <= 4096 else float(arr.sum())
+    except OverflowError:
+        total = math.inf
     if abs(total - 1.0) > atol:
         raise ValueError(
             f"{name} sums to {total!r}, not 1 (tolerance atol={atol:g}); "

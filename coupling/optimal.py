@@ -88,9 +88,19 @@ def _hit_prefixes(q: np.ndarray, k: int, replacement: bool, order: np.ndarray) -
         # 1 - (1 - s)^k with 1 - s taken as the tail sum (accurate when s is close to 1)
         return 1.0 - tail_q**k
     if k == 2:
-        # P(hit) = q(H) + sum_{a in C} q_a q(H) / (1 - q_a) = q(H) (1 + A_C)
-        A = np.concatenate([np.cumsum((qs / _rest(qs))[::-1])[::-1], [0.0]])
-        return np.minimum(head_q * (1.0 + A), 1.0)
+        # P(hit) = q(H) + sum_{a in C} q_a q(H) / (1 - q_a) = q(H) (1 + A_C) + the term of b.
+        # Only the likeliest token b can have 1 - q_b < 1/2; when it is tiny (subnormal),
+        # q_b / (1 - q_b) overflows and 0 * inf poisons the prefix. Its term is taken as
+        # q_b * (q(H) / (1 - q_b)) instead: q(H) <= 1 - q_b while b is outside H, a ratio <= 1.
+        rest = _rest(qs)
+        j = int(np.argmax(qs))
+        others = np.arange(qs.size) != j
+        terms = np.divide(qs, rest, out=np.zeros_like(qs), where=others)   # each <= 2
+        A = np.concatenate([np.cumsum(terms[::-1])[::-1], [0.0]])
+        b_out = np.arange(qs.size + 1) <= j                                # b in C_m
+        share = np.divide(head_q, rest[j], out=np.zeros_like(head_q), where=rest[j] > 0)
+        b_term = np.where(b_out, qs[j] * np.minimum(share, 1.0), 0.0)
+        return np.minimum(head_q * (1.0 + A) + b_term, 1.0)
     V = q.size
     tuples, probs = tuple_law(q, k, replacement=False)
     rank = np.empty(V, dtype=np.int64)
@@ -135,6 +145,9 @@ def _scan(pa: np.ndarray, qa: np.ndarray, k: int, replacement: bool) -> tuple[fl
     ps = pa[order]
     tail_p = np.concatenate([np.cumsum(ps[::-1])[::-1], [0.0]])  # p(H_m^c)
     vals = tail_p + _hit_prefixes(qa, k, replacement, order)
+    if not np.all(np.isfinite(vals)):  # max(0.0, nan) below would read as acceptance 0
+        raise FloatingPointError("optimal_cut: a prefix value is not finite (an overflow in "
+                                 "the hit probabilities); please report these p and q")
     m = int(np.argmin(vals))
     return float(min(1.0, max(0.0, vals[m]))), order[:m].astype(np.int64)
 

@@ -207,8 +207,8 @@ def _cvxpy_solve(prob) -> str:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)  # "may be inaccurate": status decides
                 prob.solve(solver=solver, **opts)
-        except cp.error.SolverError as exc:
-            tried.append(f"{solver}: {exc}")
+        except (cp.error.SolverError, ValueError) as exc:   # ValueError: "Cannot unpack
+            tried.append(f"{solver}: {exc}")                 # invalid solution" and kin
             continue
         if prob.status == cp.OPTIMAL:
             name = prob.solver_stats.solver_name if prob.solver_stats else str(solver)
@@ -240,7 +240,10 @@ def solve_transport(
     _check_solver(solver)
     a = as_distribution(a, name="a")
     b = as_distribution(b, name="b")
-    C = np.asarray(cost, dtype=np.float64)
+    C = np.asarray(cost)
+    if np.iscomplexobj(C):   # a cast would drop the imaginary part with only a warning
+        raise ValueError("cost must be real; got a complex array")
+    C = C.astype(np.float64)
     if C.shape != (a.size, b.size):
         raise ValueError(
             f"cost must have shape (len(a), len(b)) = {(a.size, b.size)}, got {C.shape}"
@@ -248,12 +251,16 @@ def solve_transport(
     if not np.isfinite(C).all():
         raise ValueError("cost contains NaN or inf; use a large finite cost for forbidden pairs")
     a, b = _rebalance(a, b)
+    # HiGHS reads a cost of magnitude >= 1e20 as infinite: huge costs are scaled down for the
+    # LP solvers (a positive scale leaves the optimal plans unchanged), never for POT
+    top = float(np.abs(C).max()) if C.size else 0.0
+    C_lp = C / top if top > 1e12 else C
     if solver == "pot":
         plan, status = _emd(a, b, C)
     elif solver == "highs":
-        plan, status = _transport_highs(a, b, C)
+        plan, status = _transport_highs(a, b, C_lp)
     else:
-        plan, status = _transport_cvxpy(a, b, C)
+        plan, status = _transport_cvxpy(a, b, C_lp)
     return plan, float((C * plan).sum()), status
 
 

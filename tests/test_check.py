@@ -119,3 +119,18 @@ def test_draw_drafts_follow_tuple_law(rep):
     assert counts[~m].sum() == 0
     stat = ((counts[m] - n * probs[m]) ** 2 / (n * probs[m])).sum()
     assert stats.chi2.sf(stat, m.sum() - 1) > 1e-3
+
+
+def test_check_sampler_refuses_settings_that_pass_any_rule():
+    """n = 0 draws nothing and alpha <= 0 rejects nothing: both once passed the broken
+    TOKEN_NO_RESIDUAL rule (ok=True)."""
+    p, q = [0.5, 0.3, 0.2], [0.2, 0.2, 0.6]
+    for n in (0, -5, 2.5):
+        with pytest.raises(ValueError, match="n must be a positive integer"):
+            check_sampler(TOKEN_NO_RESIDUAL, p, q, 1, n=n, reference=RULES["token"])
+    for alpha in (0.0, -1.0, 1.0):
+        with pytest.raises(ValueError, match="alpha must lie in"):
+            check_sampler(TOKEN_NO_RESIDUAL, p, q, 1, n=100, alpha=alpha,
+                          reference=RULES["token"])
+    assert not check_sampler(TOKEN_NO_RESIDUAL, p, q, 1, n=2000,
+                             reference=RULES["token"]).ok

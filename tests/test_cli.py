@@ -94,3 +94,17 @@ def test_bad_input_exits_nonzero_with_message(target, draft, message):
 
 def test_parse_distribution_fractions():
     assert parse_distribution("1/3, 2/3", name="target").tolist() == [1 / 3, 2 / 3]
+
+
+def test_analyze_reports_overflowing_input_and_solver_failures(capsys, monkeypatch):
+    assert main(["analyze", "--target", "1e308,1e308", "--draft", "0.5,0.5"]) == 2
+    assert "sums to inf" in capsys.readouterr().err
+    from coupling import cli
+    from coupling.solve import SolverError
+
+    def fail(args):
+        raise SolverError("HiGHS transport LP failed: status=4")
+
+    monkeypatch.setattr(cli, "_cmd_analyze", fail)
+    assert main(["analyze", "--target", "0.5,0.5", "--draft", "0.5,0.5"]) == 3
+    assert "solver error: HiGHS" in capsys.readouterr().err

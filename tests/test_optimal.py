@@ -100,3 +100,30 @@ def test_invalid():
         optimal_acceptance([0.5, 0.5], [0.5, 0.5], 0)
     with pytest.raises(ValueError, match="mismatch"):
         optimal_acceptance([0.5, 0.5], [1.0], 1)
+
+
+@pytest.mark.parametrize(
+    "p, q",
+    [
+        ([0.5, 0.5], [1.0, 1e-310]),
+        ([0.5, 0.5], [1.0, 5e-324]),
+        ([0.2, 0.3, 0.5], [1.0, 1e-310, 1e-310]),
+        ([0.2, 0.3, 0.5], [0.6, 0.4, 1e-310]),
+        ([0.1, 0.2, 0.3, 0.4], [1.0 - 3e-16, 1e-310, 1e-16, 2e-16]),
+    ],
+)
+def test_two_distinct_drafts_with_a_subnormal_rest(p, q):
+    """k = 2 without replacement when 1 - q_b is subnormal for the likeliest draft b: the
+    hit probability's q_b / (1 - q_b) once overflowed, 0 * inf made the prefix NaN, and
+    optimal_acceptance and rrs's closed form both returned 0.0 (the LP: 1.0)."""
+    from coupling.check import trace_mass
+    from coupling.rules import RULES
+
+    p, q = np.array(p), np.array(q)
+    lp = solve_coupling(p, q, 2, replacement=False).acceptance
+    assert optimal_acceptance(p, q, 2, replacement=False) == pytest.approx(lp, abs=1e-12)
+    rrs = RULES["rrs"]
+    tuples, _ = tuple_law(q, 2, replacement=False)
+    traced = trace_mass(rrs.joint(p, q, 2, replacement=False), tuples)
+    assert rrs.acceptance(p, q, 2, replacement=False) == pytest.approx(traced, abs=1e-12)
+    assert traced <= lp + 1e-12

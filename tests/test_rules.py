@@ -456,3 +456,13 @@ def test_repeated_drafts_without_replacement_is_an_error(name):
     p, q = np.array([0.5, 0.3, 0.2]), np.array([0.2, 0.2, 0.6])
     with pytest.raises(ValueError, match="repeat a token"):
         RULES[name].sample(p, q, np.array([2, 2]), np.random.default_rng(0), replacement=False)
+
+
+@pytest.mark.parametrize("k", [0, -3, 2.9, True])
+def test_kseq_rho_and_residual_refuse_a_bad_k(k):
+    """int(k) once read 2.9 as 2, True as 1, and 0 or -3 as a rho of 1."""
+    p, q = [0.5, 0.3, 0.2], [0.2, 0.2, 0.6]
+    with pytest.raises(ValueError, match="positive integer number of drafts"):
+        kseq.optimal_rho(p, q, k)
+    with pytest.raises(ValueError, match="positive integer number of drafts"):
+        kseq.residual_law(p, q, k)

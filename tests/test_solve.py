@@ -187,3 +187,22 @@ def test_tuples_grouped_by_set_as_numpy_unique_rows_would(V, k, replacement, see
     assert np.array_equal(members, uniq)
     assert np.array_equal(set_index, inverse.reshape(-1))
     assert np.allclose(mass, np.bincount(inverse.reshape(-1), weights=probs), rtol=0, atol=1e-15)
+
+
+def test_transport_refuses_a_complex_cost():
+    with pytest.raises(ValueError, match="cost must be real"):
+        solve_transport([0.5, 0.5], [0.5, 0.5], np.array([[1 + 5j, 0], [0, 1 + 5j]]))
+
+
+@pytest.mark.parametrize("big", [1e19, 1e21, 1e30])
+def test_transport_solvers_agree_on_huge_finite_costs(big):
+    """HiGHS reads |c| >= 1e20 as infinite (it once failed with "model_status Unknown", and
+    cvxpy with a raw ValueError): the LP solvers get the cost scaled down, POT as is."""
+    forced = np.array([[0.0], [big]])                 # half the mass must pay it
+    avoidable = np.array([[0.0, big], [big, 0.0]])
+    for solver in SOLVERS:
+        _, v, _ = solve_transport([0.5, 0.5], [1.0], forced, solver=solver)
+        assert v == pytest.approx(big / 2, rel=1e-9)
+        plan, v, _ = solve_transport([0.6, 0.4], [0.6, 0.4], avoidable, solver=solver)
+        assert v == pytest.approx(0.0, abs=big * 1e-10)   # an interior point leaves ~4e-12
+        assert np.allclose(plan, np.diag([0.6, 0.4]), atol=1e-9)

@@ -74,7 +74,7 @@ from typing import NamedTuple
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..dist import tuple_law
+from ..dist import tuple_law, validate_k
 from ._base import Rule, categorical, prepare, require_supported, sample_uniform
 
 __all__ = [
@@ -121,7 +121,7 @@ def _h(p: np.ndarray, q: np.ndarray, k: int, rho: float) -> float:
 def optimal_rho(p: ArrayLike, q: ArrayLike, k: int) -> float:
     r"""Smallest :math:`\rho \ge 1` whose K-SEQ residual is a distribution (see module doc)."""
     pa, qa, _ = prepare(p, q)
-    return _optimal_rho(pa, qa, int(k))
+    return _optimal_rho(pa, qa, validate_k(k))
 
 
 class Ops(NamedTuple):
@@ -383,7 +383,7 @@ def _params(p: np.ndarray, q: np.ndarray, k: int) -> tuple[float, np.ndarray, fl
 def residual_law(p: ArrayLike, q: ArrayLike, k: int) -> np.ndarray:
     """The K-SEQ residual :math:`p_{res}` at the optimal rho (see module doc)."""
     pa, qa, _ = prepare(p, q)
-    return _residual(pa, qa, int(k))[0]
+    return _residual(pa, qa, validate_k(k))[0]
 
 
 RESIDUAL_ULPS = 64

@@ -119,7 +119,7 @@ def _reject2_wor(p: np.ndarray, q: np.ndarray) -> float:
     x1 = np.flatnonzero(w1 > 0)
     if x1.size == 0:
         return 0.0
-    c = 1.0 / _rest(q)[x1]  # 1 / (1 - q_x1) without cancellation when q_x1 is near 1
+    rest = _rest(q)[x1]  # 1 - q_x1 without cancellation when q_x1 is near 1
     # second step, given x1: rejection mass S = sum_{y != x1} (c q_y - r1_y)_+, a sum over the
     # y with r1_y / q_y < c. Split the y with r1_y = 0 (group G0, which contains x1) from
     # the rest, so that x1's own term is excluded exactly instead of subtracted.
@@ -128,13 +128,16 @@ def _reject2_wor(p: np.ndarray, q: np.ndarray) -> float:
     pos_in_g0 = np.cumsum(g0) - 1  # index of each G0 token inside q0
     other0 = _rest(q0)[pos_in_g0[x1]]  # q-mass of G0 without x1
     m = (q > 0) & (r1 > 0)
-    ratio = r1[m] / q[m]
-    order = np.argsort(ratio)
-    rs = ratio[order]
+    # the y with r1_y / q_y < c = 1 / (1 - q_x1), found in the order of r1 / q; compared as
+    # logarithms, since with a subnormal q_y or 1 - q_x1 the ratios overflow to inf and tie
+    # (ties at the threshold itself add (c q_y - r1_y)_+ = 0 whichever side they fall on)
+    log_ratio = np.log(r1[m]) - np.log(q[m])
+    order = np.argsort(log_ratio)
     cq = np.concatenate([[0.0], np.cumsum(q[m][order])])
     cr = np.concatenate([[0.0], np.cumsum(r1[m][order])])
-    n = np.searchsorted(rs, c, side="left")
-    rej2 = np.maximum(c * (other0 + cq[n]) - cr[n], 0.0)
+    n = np.searchsorted(log_ratio[order], -np.log(rest), side="left")
+    # c (other0 + cq) as a ratio, other0 + cq <= 1 - q_x1: no inf * 0 when 1 - q_x1 is tiny
+    rej2 = np.maximum((other0 + cq[n]) / rest - cr[n], 0.0)
     return float(min(1.0, (w1[x1] * rej2).sum()))
 
 
