@@ -145,6 +145,15 @@ def validate_k(k: int, *, name: str = "k") -> int:
     return int(k)
 
 
+def validate_replacement(replacement: bool) -> bool:
+    """Return ``replacement`` or raise ``ValueError`` unless it is a bool: a string such as
+    ``"no"`` would otherwise be read as True (i.i.d. drafts)."""
+    if not isinstance(replacement, (bool, np.bool_)):
+        raise ValueError(f"replacement must be True (i.i.d. drafts) or False (distinct drafts), "
+                         f"got {replacement!r}")
+    return bool(replacement)
+
+
 def validate_drafts(drafts: ArrayLike, q: np.ndarray, *, name: str = "drafts") -> np.ndarray:
     """Check drafted token ids against ``q``: integer, in range, and ``q[x] > 0``.
 
@@ -197,6 +206,7 @@ def tuple_law(
     """
     qa = as_distribution(q, name="q")
     k = validate_k(k)
+    replacement = validate_replacement(replacement)
     V = qa.size
     if not replacement and np.count_nonzero(qa) < k:
         raise ValueError(

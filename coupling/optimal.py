@@ -48,7 +48,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .dist import MAX_TUPLES, check_pair, tuple_law, validate_k
+from .dist import MAX_TUPLES, check_pair, tuple_law, validate_k, validate_replacement
 
 __all__ = ["optimal_acceptance", "optimal_cut", "ratio_order"]
 
@@ -118,6 +118,7 @@ def optimal_cut(
     :func:`ratio_order`), as an int64 array of token ids."""
     pa, qa = check_pair(p, q)
     k = validate_k(k)
+    replacement = validate_replacement(replacement)
     V = pa.size
     if not replacement and k > 1:
         nz = int(np.count_nonzero(qa))

@@ -123,3 +123,18 @@ def test_entries_whose_exact_sum_overflows_are_a_value_error():
             as_distribution(p)
     with pytest.raises(ValueError, match="sums to inf"):
         tv([1e308, 1e308], [0.5, 0.5])
+
+
+def test_replacement_must_be_a_bool():
+    """A string such as "no" is truthy: it once ran the i.i.d. law without a word."""
+    from coupling import optimal_acceptance, solve_coupling
+    from coupling.rules import RULES
+
+    p, q = [0.5, 0.3, 0.2], [0.2, 0.2, 0.6]
+    for call in (lambda r: tuple_law(q, 2, replacement=r),
+                 lambda r: solve_coupling(p, q, 2, replacement=r),
+                 lambda r: optimal_acceptance(p, q, 2, replacement=r),
+                 lambda r: RULES["rrs"].acceptance(p, q, 2, replacement=r)):
+        with pytest.raises(ValueError, match="replacement must be True"):
+            call("no")
+        call(np.bool_(False))                        # numpy bools are bools

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..dist import check_pair, validate_drafts, validate_k
+from ..dist import check_pair, validate_drafts, validate_k, validate_replacement
 
 __all__ = [
     "Rule",
@@ -77,6 +77,7 @@ def residual(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, float]:
 
 def require_supported(rule: Rule, k: int, replacement: bool) -> int:
     k = validate_k(k)
+    replacement = validate_replacement(replacement)
     if not rule.supports(k, replacement):
         raise ValueError(
             f"rule {rule.name!r} does not support k={k}, replacement={replacement}; "
