@@ -138,3 +138,10 @@ def test_replacement_must_be_a_bool():
         with pytest.raises(ValueError, match="replacement must be True"):
             call("no")
         call(np.bool_(False))                        # numpy bools are bools
+
+
+def test_float_draft_ids_out_of_range_are_named_as_given():
+    q = np.array([0.5, 0.5])
+    with pytest.raises(ValueError, match=r"outside \[0, 2\): \[1e\+20\]"):
+        validate_drafts(np.array([1e20]), q)
+    assert validate_drafts(np.array([1.0]), q).tolist() == [1]
