@@ -466,3 +466,10 @@ def test_kseq_rho_and_residual_refuse_a_bad_k(k):
         kseq.optimal_rho(p, q, k)
     with pytest.raises(ValueError, match="positive integer number of drafts"):
         kseq.residual_law(p, q, k)
+
+
+def test_optimal_refuses_a_draft_tuple_whose_probability_underflows():
+    p, q = np.array([0.5, 0.5]), np.array([1 - 1e-200, 1e-200])
+    with pytest.raises(ValueError, match="probability 0 as a tuple"):
+        RULES["optimal"].sample(p, q, [1, 1], np.random.default_rng(0))
+    assert RULES["optimal"].sample(p, q, [0, 1], np.random.default_rng(0)) in (0, 1)

@@ -122,6 +122,10 @@ def verify(
     support = np.flatnonzero((p > 0) | (q > 0))
     P, index = plan(p[support], q[support], drafts.size, replacement)
     row = P[index[tuple(np.searchsorted(support, drafts).tolist())]]
+    if not row.sum() > 0:   # the plan's row is the tuple's mass: no conditional law to sample
+        raise ValueError(f"drafts {drafts.tolist()} have probability 0 as a tuple under q (in "
+                         "float64: a product of tiny q's underflows); the optimal plan gives "
+                         "them no output law, so they cannot be verified by it")
     return int(support[categorical(row, u)])
 
 
