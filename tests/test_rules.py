@@ -473,3 +473,9 @@ def test_optimal_refuses_a_draft_tuple_whose_probability_underflows():
     with pytest.raises(ValueError, match="probability 0 as a tuple"):
         RULES["optimal"].sample(p, q, [1, 1], np.random.default_rng(0))
     assert RULES["optimal"].sample(p, q, [0, 1], np.random.default_rng(0)) in (0, 1)
+
+
+@pytest.mark.parametrize("block", [0, -5, 2.5, True])
+def test_minhash_pair_refuses_a_bad_block(block):
+    with pytest.raises(ValueError, match="block must be a positive integer"):
+        gumbel.minhash_pair([0.5, 0.5], [0.5, 0.5], np.random.default_rng(0), block=block)

@@ -280,6 +280,10 @@ def minhash_pair(
     pa, qa, _ = prepare(p, q)
     require_generator(rng)
     V = pa.size
+    if block is not None and (isinstance(block, bool) or not isinstance(block, (int, np.integer))
+                              or block < 1):
+        raise ValueError(f"block must be a positive integer number of darts per round (or "
+                         f"None for max(64, 2 V)), got {block!r}")
     n = block or max(64, 2 * V)
     x = y = -1
     while x < 0 or y < 0:
