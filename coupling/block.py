@@ -98,6 +98,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import numbers
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -291,7 +293,7 @@ class TraceLM:
         self.dists = np.stack([as_distribution(r, name=f"dists[{i}]") for i, r in enumerate(d)])
 
     def __call__(self, context: Sequence[int]) -> np.ndarray:
-        ctx = tuple(int(t) for t in context)
+        ctx = _check_context(context)
         n = len(self.prompt)
         i = len(ctx) - n
         if ctx[:n] != self.prompt or i < 0 or i >= len(self.dists) or ctx[n:] != self.tokens[:i]:
@@ -299,13 +301,33 @@ class TraceLM:
         return self.dists[i]
 
 
-def _check_context(context: Sequence[int], V: int | None) -> tuple[int, ...]:
+def _token_id(t: object) -> int | None:
+    """``t`` as a token id, or None if it is not an integer (integral floats count, bools not).
+
+    ``int(t)`` would silently truncate 0.9 to token 0; bools are rejected as in
+    :func:`coupling.dist.validate_drafts`.
+    """
+    if isinstance(t, (bool, np.bool_)):
+        return None
+    if isinstance(t, (float, np.floating)):
+        return int(t) if math.isfinite(t) and float(t).is_integer() else None
     try:
-        ctx = tuple(int(t) for t in context)
-    except Exception:
+        return operator.index(t)
+    except TypeError:
+        return None
+
+
+def _check_context(context: Sequence[int], V: int | None = None) -> tuple[int, ...]:
+    try:
+        ids = [_token_id(t) for t in context]
+    except TypeError:  # not iterable
+        ids = [None]
+    if any(t is None for t in ids):
         raise ValueError(
-            f"context must be a sequence of integer token ids, got {context!r}"
-        ) from None
+            f"context must be a sequence of integer token ids, got {context!r}; "
+            "pass ints (bools and non-integral numbers are not token ids)"
+        )
+    ctx = tuple(ids)
     if V is not None and any(t < 0 or t >= V for t in ctx):
         raise ValueError(f"context {ctx} has token ids outside [0, {V})")
     return ctx
@@ -392,9 +414,11 @@ def _is_gumbel(rule: str) -> bool:
     return rule.startswith("gumbel")
 
 
-def _check_gamma(gamma: int) -> int:
+def _check_gamma(gamma: int, name: str = "gamma") -> int:
+    """A positive integer count; ``name`` is the caller's argument (``gamma`` or ``length``)."""
     if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or gamma < 1:
-        raise ValueError(f"gamma must be a positive integer block length, got {gamma!r}")
+        what = "block length" if name == "gamma" else "number of tokens"
+        raise ValueError(f"{name} must be a positive integer {what}, got {gamma!r}")
     return int(gamma)
 
 
@@ -655,7 +679,7 @@ def sample_block(
     gamma = _check_gamma(gamma)
     if not isinstance(rng, np.random.Generator):
         raise ValueError("rng must be a numpy.random.Generator")
-    ctx = tuple(int(t) for t in context)
+    ctx = _check_context(context)
     if _is_gumbel(rule):
         return _sample_block_gumbel(rule, target, draft, gamma, rng, ctx)
     xs: list[int] = []
@@ -703,14 +727,29 @@ def position_gumbels(seed: int, positions: Sequence[int], vocab_size: int) -> np
     return np.stack([np.random.default_rng([int(seed), int(n)]).gumbel(size=V) for n in positions])
 
 
-def gumbel_match(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+def gumbel_match(p: ArrayLike, q: ArrayLike) -> np.ndarray:
     r"""Per-token Gumbel-max match probabilities :math:`c(b) = P(X = Y = b)`.
 
     :math:`X = \arg\max \log q + G`, :math:`Y = \arg\max \log p + G` with the same Gumbel
     noise: :math:`c(b) = 1 / \sum_j \max(p_j / p_b, q_j / q_b)` if :math:`p_b q_b > 0`, else 0.
-    Works on float64 or exact Fraction laws.
+    Works on float64 or exact Fraction laws (both of one kind); ``p`` and ``q`` are validated
+    as laws over the same vocabulary.
     """
-    exact = _is_exact(np.asarray(p)) or _is_exact(np.asarray(q))
+    P, Q = np.asarray(p), np.asarray(q)
+    if _is_exact(P) or _is_exact(Q):
+        # an exact law paired with a float one would silently mix Fractions and floats
+        P, Q = P.astype(object), Q.astype(object)
+    P, Q = _law(P, "p"), _law(Q, "q")
+    if P.size != Q.size:
+        raise ValueError(
+            f"p and q must be laws over the same vocabulary, got {P.size} and {Q.size} "
+            "entries; pass one probability per token for both"
+        )
+    return _gumbel_match(P, Q)
+
+
+def _gumbel_match(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+    exact = _is_exact(p) or _is_exact(q)
     out = []
     for b in range(len(p)):
         if p[b] == 0 or q[b] == 0:
@@ -721,6 +760,8 @@ def gumbel_match(p: np.ndarray, q: np.ndarray) -> np.ndarray:
 
 
 def _gumbel_outcomes(rule: str, T: _Cache, D: _Cache, gamma: int, ctx: tuple[int, ...]):
+    # the matched prefixes can reach every one of the V**gamma draft paths
+    _check_num_paths(T(ctx).size, gamma)
     one = Fraction(1) if _is_exact(T(ctx)) else 1.0
 
     def rec(pre: tuple[int, ...], mass):
@@ -734,7 +775,7 @@ def _gumbel_outcomes(rule: str, T: _Cache, D: _Cache, gamma: int, ctx: tuple[int
         q = D(ctx + pre)
         if q.size != p.size:
             raise ValueError(f"vocabulary mismatch: target has {p.size} tokens, draft has {q.size}")
-        c = gumbel_match(p, q)
+        c = _gumbel_match(p, q)
         # first disagreement at this position: P(Y = b, X != b) = p_b - c_b, or for the
         # broken control P(X = b, Y != b) = q_b - c_b (it emits the draft)
         miss = (q if rule == "gumbel-emit-draft" else p) - c
@@ -837,6 +878,14 @@ class _Cache:
         return v
 
 
+def _check_num_paths(V: int, gamma: int) -> None:
+    if V**gamma > MAX_PATHS:
+        raise ValueError(
+            f"exact enumeration needs {V}**{gamma} = {V**gamma} draft paths, above {MAX_PATHS}; "
+            "lower gamma or the vocabulary size"
+        )
+
+
 def path_laws(
     target: LanguageModel, draft: LanguageModel, gamma: int, *, context: Sequence[int] = ()
 ):
@@ -846,7 +895,7 @@ def path_laws(
     Paths come in lexicographic order; zero-probability prefixes are pruned.
     """
     gamma = _check_gamma(gamma)
-    ctx = tuple(int(t) for t in context)
+    ctx = _check_context(context)
     T, D = (
         target if isinstance(target, _Cache) else _Cache(target, "target"),
         draft if isinstance(draft, _Cache) else _Cache(draft, "draft"),
@@ -854,11 +903,7 @@ def path_laws(
     V = T(ctx).size
     if D(ctx).size != V:
         raise ValueError(f"vocabulary mismatch: target has {V} tokens, draft has {D(ctx).size}")
-    if V**gamma > MAX_PATHS:
-        raise ValueError(
-            f"exact enumeration needs {V}**{gamma} = {V**gamma} draft paths, above {MAX_PATHS}; "
-            "lower gamma or the vocabulary size"
-        )
+    _check_num_paths(V, gamma)
 
     def rec(prefix: tuple[int, ...], prob, qs: list):
         if len(prefix) == gamma:
@@ -906,7 +951,7 @@ def accepted_length_law(
     """
     _check_rule(rule, gumbel=True)
     gamma = _check_gamma(gamma)
-    ctx = tuple(int(t) for t in context)
+    ctx = _check_context(context)
     T, D = _Cache(target, "target"), _Cache(draft, "draft")
     exact = _is_exact(T(ctx))
     total = np.array(
@@ -954,8 +999,20 @@ def block_efficiency(
 def constant_acceptance_efficiency(alpha, gamma: int):
     r"""Token verification's tokens per call when every position accepts w.p. :math:`\alpha`:
     :math:`\sum_{i=0}^{\gamma} \alpha^i = (1 - \alpha^{\gamma+1})/(1 - \alpha)`
-    (:math:`\gamma + 1` at :math:`\alpha = 1`)."""
+    (:math:`\gamma + 1` at :math:`\alpha = 1`).
+
+    ``alpha`` is a probability in [0, 1]: a float, or a :class:`fractions.Fraction` for an
+    exact result."""
     gamma = _check_gamma(gamma)
+    if (
+        isinstance(alpha, (bool, np.bool_))
+        or not isinstance(alpha, numbers.Real)
+        or not 0 <= alpha <= 1  # also rejects NaN
+    ):
+        raise ValueError(
+            "alpha must be an acceptance probability in [0, 1] (a float or Fraction), "
+            f"got {alpha!r}"
+        )
     return sum(alpha**i for i in range(gamma + 1))
 
 
@@ -1002,7 +1059,7 @@ def optimal_expected_accepted(
     from .solve import solve_transport
 
     gamma = _check_gamma(gamma)
-    ctx = tuple(int(t) for t in context)
+    ctx = _check_context(context)
     T, D = _Cache(target, "target"), _Cache(draft, "draft")
     V = T(ctx).size
     if V ** (2 * gamma) > 4_000_000:
@@ -1059,30 +1116,85 @@ class VerifierLP:
         )
 
     def solve(self) -> tuple[float, np.ndarray, np.ndarray]:
-        """HiGHS: returns (value, primal z, dual y) with y feasible up to solver tolerance."""
+        r"""Solve with HiGHS and check the answer; returns ``(value, z, y)``.
+
+        Float laws whose probabilities span many orders of magnitude give coefficients
+        (products of conditionals) down to 1e-30; HiGHS silently drops those below 1e-9 and
+        then calls a feasible LP infeasible, or returns an infeasible or suboptimal "optimum".
+        So the LP is solved as built first and, while the answer fails the checks below,
+        again in exactly equivalent units (``_VERIFIER_ATTEMPTS``): each column multiplied by
+        the target probability :math:`P(e)` of its emitted string (which makes every
+        losslessness coefficient :math:`P(s)`), each row divided by its largest coefficient
+        or a geometric mean, with dual simplex or interior point and presolve off. Every
+        solve uses right-hand sides rebalanced so that :math:`\sum_x Q(x) = \sum_s P(s)` in
+        float: sums that differ by rounding make the equalities inconsistent.
+
+        Checked on the LP as built, with tolerance ``1e-9``:
+
+        * primal feasibility: ``z >= -tol`` and :math:`\|A z - b\|_\infty \le` tol;
+        * ``-tol <= value <= gamma + tol`` (an expected accepted length);
+        * optimality: the weak-duality bound from ``y``,
+          :math:`b^\top y + \sum_j \max(0, c_j - (A^\top y)_j)\, U_j` with the implied bounds
+          :math:`z_j \le U_j = \min(Q(x), P(e))`, exceeds ``value`` by at most tol.
+
+        ``y`` is a dual vector of the maximisation; :meth:`dual_bound` turns it into a rigorous
+        bound. It is dual-feasible up to the solver's tolerance when the first solve passes;
+        after a rescaled solve it can violate :math:`A^\top y \ge c` on columns of tiny
+        :math:`P(e)`, and then :meth:`dual_bound` (which does not use :math:`U`) can be loose.
+
+        Raises
+        ------
+        SolverError
+            If no solve passes the checks (pass exact Fraction models, or round
+            probabilities below ~1e-12 to zero).
+        """
+        import scipy.sparse as sp
         from scipy.optimize import linprog
 
-        cf = np.array([float(v) for v in self.c])
-        A, b = self.matrix(), np.array([float(v) for v in self.b])
-        # Laws with probabilities near 1e-15 give coefficients near 1e-30 that can make
-        # HiGHS's presolve declare a feasible LP infeasible; fall back to no presolve.
-        attempts = [
-            ("highs", {"primal_feasibility_tolerance": 1e-9, "dual_feasibility_tolerance": 1e-9}),
-            ("highs-ds", {"presolve": False}),
-            ("highs-ipm", {"presolve": False}),
-        ]
-        for method, options in attempts:
-            res = linprog(-cf, A_eq=A, b_eq=b, bounds=(0, None), method=method, options=options)
-            if res.status == 0:
-                break
-        else:
-            raise RuntimeError(
-                f"verifier LP failed: {res.message} (ill-conditioned float laws? pass exact "
-                "Fraction models, or round probabilities below ~1e-12)"
+        from .solve import SolverError
+
+        A = self.matrix()
+        b = np.array([float(v) for v in self.b])
+        c = np.array([float(v) for v in self.c])
+        n_str = len(b) - len(self.paths)
+        gamma = max(tau for tau, _ in self.outs)
+        mass = _emitted_mass(A, b, n_str)
+        caps = np.minimum(mass, np.repeat(b[n_str:], len(self.outs)))
+        b_eq = _rebalanced(b, n_str)
+        failures = []
+        for rows, method, options in _VERIFIER_ATTEMPTS:
+            label = method if rows == "as built" else f"{method}, rows scaled by {rows}"
+            if rows == "as built":
+                row, col = np.ones(A.shape[0]), np.ones(self.n_var)
+            else:
+                row, col = _verifier_scaling(A, mass, rows)
+            res = linprog(
+                -(col * c),
+                A_eq=sp.diags(row) @ A @ sp.diags(col),
+                b_eq=row * b_eq,
+                # no upper bounds, not even the implied z_j <= 0 when P(e) = 0: the dual
+                # must satisfy A^T y >= c on every column for dual_bound to stay tight
+                bounds=(0, None),
+                method=method,
+                options=options,
             )
-        # linprog minimises -c; its equality marginals are d(min)/d(b), so y = -marginals
-        # is a dual vector of the maximisation: A^T y >= c, value = b^T y.
-        return float(-res.fun), res.x, -np.asarray(res.eqlin.marginals)
+            if res.status != 0:
+                failures.append(f"{label}: {res.message}")
+                continue
+            z = col * res.x
+            # linprog minimises -c; its equality marginals are d(min)/d(b), so y = -marginals
+            # is a dual vector of the maximisation: A^T y >= c, value = b^T y.
+            y = row * -np.asarray(res.eqlin.marginals)
+            defects = _verifier_defects(A, b, c, z, y, caps, gamma)
+            if not defects:
+                return float(c @ z), z, y
+            failures.append(f"{label}: " + "; ".join(defects))
+        raise SolverError(
+            "verifier LP: HiGHS gave no solution that passes the checks ("
+            + " | ".join(failures)
+            + "); the float laws are too ill-conditioned: pass exact Fraction models, or "
+            "round probabilities below ~1e-12 to zero"
+        )
 
     def dual_bound(self, y: ArrayLike, *, limit_denominator: int | None = None) -> Fraction:
         r"""A rigorous upper bound on the LP value from any (approximate) dual vector ``y``.
@@ -1110,6 +1222,99 @@ class VerifierLP:
         return sum(Fraction(bi) * yi for bi, yi in zip(self.b, yq, strict=True))
 
 
+#: HiGHS's default feasibility tolerances (1e-7) are far above the smallest path masses.
+_VERIFIER_TOLS = {"primal_feasibility_tolerance": 1e-10, "dual_feasibility_tolerance": 1e-10}
+#: Solves tried in turn by :meth:`VerifierLP.solve` until one passes its checks: (row scaling,
+#: method, options). On peaked float TabularLMs (V <= 3, gamma <= 3) no single one always
+#: passes; of 800 such instances (concentration 0.03 to 0.5) all but 2 of the most peaked
+#: passed one of these, and those 2 raise SolverError. The first keeps the exact duals
+#: (small denominators) that ``proofs/`` recovers from well-conditioned LPs.
+_VERIFIER_ATTEMPTS = (
+    ("as built", "highs", _VERIFIER_TOLS),
+    ("max", "highs-ds", {**_VERIFIER_TOLS, "presolve": False}),
+    ("geometric", "highs-ds", {**_VERIFIER_TOLS, "presolve": False}),
+    ("geometric", "highs-ipm", {**_VERIFIER_TOLS, "presolve": False}),
+    ("max", "highs-ipm", {**_VERIFIER_TOLS, "presolve": False}),
+)
+#: Absolute tolerance of the checks on a verifier-LP solution (see :meth:`VerifierLP.solve`).
+_VERIFIER_LP_TOL = 1e-9
+
+
+def _emitted_mass(A, b: np.ndarray, n_str: int) -> np.ndarray:
+    r"""Per column, the target probability :math:`P(e)` of its emitted string (an upper bound).
+
+    Losslessness entry :math:`(s, j)` is :math:`P(s) / P(e_j)`, so :math:`b_s / A_{sj}` recovers
+    :math:`P(e_j)`; the minimum over rows is also a valid bound :math:`z_j \le b_s / A_{sj}`,
+    since every term of row ``s`` is non-negative. Columns meeting no such row get ``inf``.
+    """
+    A = A.tocoo()
+    on = A.row < n_str
+    mass = np.full(A.shape[1], np.inf)
+    with np.errstate(divide="ignore"):
+        np.minimum.at(mass, A.col[on], b[A.row[on]] / A.data[on])
+    return mass
+
+
+def _rebalanced(b: np.ndarray, n_str: int) -> np.ndarray:
+    """``b`` with the rounding difference of its two total masses moved onto the largest path."""
+    out = b.copy()
+    k = n_str + int(np.argmax(out[n_str:]))
+    out[k] += out[:n_str].sum() - out[n_str:].sum()
+    return out
+
+
+def _verifier_scaling(A, mass: np.ndarray, rows: str) -> tuple[np.ndarray, np.ndarray]:
+    """Row and column factors that make the verifier LP's coefficients well scaled.
+
+    Columns are multiplied by :math:`P(e)`, which turns every losslessness entry into
+    :math:`P(s)`; then each row is divided by its largest entry (``rows="max"``) or by the
+    geometric mean of its largest and smallest (``"geometric"``: path rows span many orders
+    of magnitude, and this keeps both ends inside what HiGHS accepts).
+    """
+    import scipy.sparse as sp
+
+    col = np.where(np.isfinite(mass) & (mass > 0), mass, 1.0)
+    M = abs(A @ sp.diags(col)).tocsr()
+    M.eliminate_zeros()
+    filled = np.diff(M.indptr) > 0
+    starts = M.indptr[:-1][filled]
+    big = np.ones(M.shape[0])
+    big[filled] = np.maximum.reduceat(M.data, starts)
+    if rows == "geometric":
+        small = np.ones(M.shape[0])
+        small[filled] = np.minimum.reduceat(M.data, starts)
+        big = np.sqrt(big * small)
+    return 1.0 / big, col
+
+
+def _verifier_defects(
+    A,
+    b: np.ndarray,
+    c: np.ndarray,
+    z: np.ndarray,
+    y: np.ndarray,
+    caps: np.ndarray,
+    gamma: int,
+    tol: float = _VERIFIER_LP_TOL,
+) -> list[str]:
+    """What is wrong with a verifier-LP solution ``(z, y)``; empty if it passes every check."""
+    if not (np.isfinite(z).all() and np.isfinite(y).all()):
+        return ["non-finite solution"]
+    defects = []
+    if z.min() < -tol:
+        defects.append(f"z has entries down to {z.min():.3g} < 0")
+    resid = float(np.abs(A @ z - b).max())
+    if resid > tol:
+        defects.append(f"max |A z - b| = {resid:.3g}")
+    value = float(c @ z)
+    if not -tol <= value <= gamma + tol:
+        defects.append(f"value {value!r} outside [0, gamma = {gamma}]")
+    bound = float(b @ y + np.maximum(c - A.T @ y, 0) @ caps)
+    if bound - value > tol:
+        defects.append(f"not optimal: the dual bound exceeds the value by {bound - value:.3g}")
+    return defects
+
+
 def _tree(lm: _Cache, ctx: tuple[int, ...], depth: int, V: int) -> dict:
     return {
         pre: lm(ctx + pre)
@@ -1134,7 +1339,7 @@ def verifier_lp(
     make the whole stream lossless). Objective: :math:`E[\tau]`.
     """
     gamma = _check_gamma(gamma)
-    ctx = tuple(int(t) for t in context)
+    ctx = _check_context(context)
     T, D = _Cache(target, "target"), _Cache(draft, "draft")
     V = T(ctx).size
     if V ** (2 * gamma + 1) * (gamma + 1) > 2_000_000:
@@ -1191,11 +1396,13 @@ def full_information_accepted(
 ) -> float:
     r"""Best :math:`E[\tau]` of any lossless verifier that knows both models completely.
 
-    The optimum of :func:`verifier_lp` (HiGHS). Unlike the transport bound
-    :func:`optimal_expected_accepted` it is achievable. On every instance we have tried it
-    equals block verification's :func:`expected_accepted` (``proofs/block_optimality.py``
-    certifies this with exact dual bounds), in line with Thomas & Pal (arXiv:2602.16961),
-    who prove block verification optimal even among verifiers that use off-path probabilities.
+    The optimum of :func:`verifier_lp` (HiGHS, checked by :meth:`VerifierLP.solve`, which
+    raises :class:`coupling.solve.SolverError` rather than return an unchecked value).
+    Unlike the transport bound :func:`optimal_expected_accepted` it is achievable. On every
+    instance we have tried it equals block verification's :func:`expected_accepted`
+    (``proofs/block_optimality.py`` certifies this with exact dual bounds), in line with
+    Thomas & Pal (arXiv:2602.16961), who prove block verification optimal even among
+    verifiers that use off-path probabilities.
     """
     return verifier_lp(target, draft, gamma, context=context).solve()[0]
 
@@ -1210,8 +1417,8 @@ def target_law(target: LanguageModel, length: int, *, context: Sequence[int] = (
 
     Returns ``V**length`` probabilities, strings in lexicographic order.
     """
-    length = _check_gamma(length)
-    ctx = tuple(int(t) for t in context)
+    length = _check_gamma(length, "length")
+    ctx = _check_context(context)
     T = _Cache(target, "target")
     V = T(ctx).size
     exact = _is_exact(T(ctx))
@@ -1245,8 +1452,8 @@ def stream_law(
     """
     _check_rule(rule, gumbel=True)
     gamma = _check_gamma(gamma)
-    length = _check_gamma(length)
-    ctx = tuple(int(t) for t in context)
+    length = _check_gamma(length, "length")
+    ctx = _check_context(context)
     T, D = _Cache(target, "target"), _Cache(draft, "draft")
     V = T(ctx).size
     exact = _is_exact(T(ctx))
@@ -1278,8 +1485,8 @@ def sample_stream(
 ) -> np.ndarray:
     """Run speculative decoding until at least ``length`` tokens; return the first ``length``."""
     _check_rule(rule, gumbel=True)
-    length = _check_gamma(length)
-    ctx = tuple(int(t) for t in context)
+    length = _check_gamma(length, "length")
+    ctx = _check_context(context)
     out: list[int] = []
     while len(out) < length:
         out.extend(sample_block(rule, target, draft, gamma, rng, context=ctx + tuple(out)).tolist())

@@ -587,3 +587,188 @@ def test_position_gumbels_are_keyed_by_position():
     assert a.shape == (3, 5)
     assert np.array_equal(a[1:], position_gumbels(3, [11, 12], 5))
     assert not np.array_equal(a, position_gumbels(4, [10, 11, 12], 5))
+
+
+# ------------------------------------------------------------------ verifier LP, ill-conditioned
+
+
+def _const(law):
+    return lambda ctx=(): law
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        # presolve dropped coefficients below 1e-9: HiGHS called it infeasible
+        lambda: pair(2, 1, 87, 0.05),
+        # HiGHS stopped 3e-7 below block verification, a feasible verifier
+        lambda: pair(2, 1, 91, 0.05),
+        # returned z >= -1.5e-8 violating A z = b by 1.5e-8, with a value above gamma
+        lambda: (
+            _const(np.array([0.99999998465, 1.535e-08])),
+            _const(np.array([0.999999999914, 8.6e-11])),
+        ),
+        # only a geometric-mean row scaling passes the checks here
+        lambda: pair(2, 1, 14, 0.05),
+    ],
+)
+def test_verifier_lp_peaked_float_laws_are_solved_correctly(make):
+    t, d = make()
+    gamma = 3
+    lp = verifier_lp(t, d, gamma)
+    value, z, _ = lp.solve()
+    blk = expected_accepted("block", t, d, gamma)
+    bound = min(optimal_expected_accepted(t, d, gamma), gamma)
+    assert blk - 1e-9 <= value <= bound + 1e-9  # block is feasible; transport is a relaxation
+    assert z.min() >= -1e-9
+    b = np.array([float(v) for v in lp.b])
+    assert np.abs(lp.matrix() @ z - b).max() <= 1e-9
+    assert full_information_accepted(t, d, gamma) == pytest.approx(value, abs=1e-9)
+
+
+def test_verifier_lp_raises_solver_error_when_no_solve_passes_the_checks(monkeypatch):
+    import coupling.block as block
+    from coupling.solve import SolverError
+
+    # as built, HiGHS drops this LP's tiny coefficients and reports it infeasible
+    monkeypatch.setattr(block, "_VERIFIER_ATTEMPTS", block._VERIFIER_ATTEMPTS[:1])
+    with pytest.raises(SolverError, match="Fraction models"):
+        verifier_lp(*pair(2, 1, 87, 0.05), 3).solve()
+
+
+def test_verifier_lp_checks_reject_bad_solutions():
+    import coupling.block as block
+
+    t, d = motivating_example(exact=False)[:2]
+    lp = verifier_lp(t, d, 2)
+    value, z, y = lp.solve()
+    A = lp.matrix()
+    b = np.array([float(v) for v in lp.b])
+    c = np.array([float(v) for v in lp.c])
+    n_str = len(b) - len(lp.paths)
+    caps = np.minimum(block._emitted_mass(A, b, n_str), np.repeat(b[n_str:], len(lp.outs)))
+    assert block._verifier_defects(A, b, c, z, y, caps, 2) == []
+    assert value == pytest.approx(11 / 9, abs=1e-9)
+    negative = z.copy()
+    negative[np.argmax(z)] += 1e-8
+    negative[np.argmin(z)] -= 1e-8
+    assert any("down to" in m for m in block._verifier_defects(A, b, c, negative, y, caps, 2))
+    assert any("A z - b" in m for m in block._verifier_defects(A, b, c, negative, y, caps, 2))
+    # a feasible but suboptimal verifier: always emit one target token (value 0)
+    outs = lp.outs
+    idle = np.zeros(lp.n_var)
+    for k in range(len(lp.paths)):
+        for o, (tau, y_tok) in enumerate(outs):
+            if tau == 0:
+                idle[k * len(outs) + o] = b[n_str + k] * float(t(())[y_tok])
+    assert np.abs(A @ idle - b).max() < 1e-12  # lossless, so only optimality can flag it
+    assert any("not optimal" in m for m in block._verifier_defects(A, b, c, idle, y, caps, 2))
+    assert any("outside [0, gamma" in m for m in block._verifier_defects(A, b, c, z, y, caps, 1))
+
+
+# ------------------------------------------------------------------ argument validation
+
+
+@pytest.mark.parametrize(
+    "p, q, msg",
+    [
+        ([0.5, 0.5], [0.9, 0.05, 0.05], "same vocabulary"),
+        ([0.5, 0.3, 0.2], [0.5, 0.5], "same vocabulary"),
+        ([3.0, 1.0], [0.5, 0.5], "p sums to"),
+        ([1.5, -0.5], [0.5, 0.5], "p has negative"),
+        ([np.nan, 1.0], [0.5, 0.5], "p contains NaN"),
+        ([0.5, 0.5], [0.5, 0.6], "q sums to"),
+        (np.array([F(1, 2), F(1, 2)], dtype=object), [0.5, 0.5], "q: exact laws"),
+    ],
+)
+def test_gumbel_match_validates(p, q, msg):
+    with pytest.raises(ValueError, match=msg):
+        gumbel_match(np.asarray(p), np.asarray(q))
+
+
+def test_gumbel_match_exact():
+    p = np.array([F(1, 2), F(1, 2)], dtype=object)
+    q = np.array([F(1, 4), F(3, 4)], dtype=object)
+    assert gumbel_match(p, q).tolist() == [F(1, 4), F(1, 2)]  # V = 2: min(p, q)
+
+
+@pytest.mark.parametrize("alpha", [1.5, -1.0, float("nan"), float("inf"), 2, True, "0.5", None])
+def test_constant_acceptance_efficiency_rejects_non_probabilities(alpha):
+    with pytest.raises(ValueError, match="alpha must be"):
+        constant_acceptance_efficiency(alpha, 3)
+
+
+def test_constant_acceptance_efficiency_accepts_probabilities():
+    assert constant_acceptance_efficiency(F(1, 2), 2) == F(7, 4)
+    assert constant_acceptance_efficiency(1, 3) == 4
+    assert constant_acceptance_efficiency(0.0, 3) == 1
+    assert constant_acceptance_efficiency(np.float64(0.5), 1) == 1.5
+
+
+@pytest.mark.parametrize("rule", ["token", "block", "gumbel"])
+def test_enumeration_size_guard_covers_every_rule(monkeypatch, rule):
+    import coupling.block as block
+
+    monkeypatch.setattr(block, "MAX_PATHS", 10)  # 3**3 = 27 paths
+    t, d = pair(3, 0, 0)
+    with pytest.raises(ValueError, match="draft paths"):
+        accepted_length_law(rule, t, d, 3)
+    accepted_length_law(rule, t, d, 2)  # 9 paths: fine
+
+
+_BAD_CONTEXTS = [(0.9,), (True,), (2.7,), (np.float64(1.5),), (np.nan,), ("a",), (None,)]
+
+
+@pytest.mark.parametrize("ctx", _BAD_CONTEXTS)
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda t, d, ctx: t(ctx),
+        lambda t, d, ctx: sample_block("token", t, d, 2, np.random.default_rng(0), context=ctx),
+        lambda t, d, ctx: sample_stream("block", t, d, 2, 3, np.random.default_rng(0), context=ctx),
+        lambda t, d, ctx: expected_accepted("block", t, d, 2, context=ctx),
+        lambda t, d, ctx: expected_accepted("gumbel", t, d, 2, context=ctx),
+        lambda t, d, ctx: list(path_laws(t, d, 2, context=ctx)),
+        lambda t, d, ctx: optimal_expected_accepted(t, d, 1, context=ctx),
+        lambda t, d, ctx: verifier_lp(t, d, 1, context=ctx),
+        lambda t, d, ctx: target_law(t, 2, context=ctx),
+        lambda t, d, ctx: stream_law("token", t, d, 1, 2, context=ctx),
+    ],
+)
+def test_non_integer_context_tokens_are_rejected(call, ctx):
+    t, d = pair(3, 1, 0)
+    with pytest.raises(ValueError, match="integer token ids"):
+        call(t, d, ctx)
+
+
+def test_integral_context_tokens_are_accepted():
+    t, d = pair(3, 1, 0)
+    assert np.array_equal(t((1.0,)), t((1,)))
+    assert np.array_equal(t((np.int64(2),)), t((2,)))
+    assert expected_accepted("block", t, d, 2, context=(2.0,)) == expected_accepted(
+        "block", t, d, 2, context=(2,)
+    )
+    trace = TraceLM([0], [1], np.array([[0.5, 0.5], [0.25, 0.75]]))
+    assert np.array_equal(trace((0.0, 1.0)), [0.25, 0.75])
+    with pytest.raises(ValueError, match="integer token ids"):
+        trace((0, 0.5))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda lm: target_law(lm, 0),
+        lambda lm: stream_law("token", lm, lm, 1, 0),
+        lambda lm: sample_stream("token", lm, lm, 1, -2, np.random.default_rng(0)),
+    ],
+)
+def test_length_errors_name_length(call):
+    lm = TabularLM(2, 0, seed=0)
+    with pytest.raises(ValueError, match=r"^length must be a positive integer"):
+        call(lm)
+
+
+def test_gamma_errors_still_name_gamma():
+    lm = TabularLM(2, 0, seed=0)
+    with pytest.raises(ValueError, match=r"^gamma must be a positive integer"):
+        stream_law("token", lm, lm, 0, 2)
