@@ -724,7 +724,8 @@ def position_gumbels(seed: int, positions: Sequence[int], vocab_size: int) -> np
     block needs no communication beyond the drafted tokens.
     """
     V = _check_vocab(vocab_size)
-    return np.stack([np.random.default_rng([int(seed), int(n)]).gumbel(size=V) for n in positions])
+    rows = [np.random.default_rng([int(seed), int(n)]).gumbel(size=V) for n in positions]
+    return np.stack(rows) if rows else np.empty((0, V))
 
 
 def gumbel_match(p: ArrayLike, q: ArrayLike) -> np.ndarray:

@@ -772,3 +772,10 @@ def test_gamma_errors_still_name_gamma():
     lm = TabularLM(2, 0, seed=0)
     with pytest.raises(ValueError, match=r"^gamma must be a positive integer"):
         stream_law("token", lm, lm, 0, 2)
+
+
+def test_position_gumbels_of_no_positions_is_an_empty_block():
+    from coupling.block import position_gumbels
+
+    assert position_gumbels(0, [], 3).shape == (0, 3)
+    assert np.array_equal(position_gumbels(7, [4, 9], 3)[1], position_gumbels(7, [9], 3)[0])
