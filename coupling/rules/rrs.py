@@ -187,7 +187,8 @@ def joint(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True) -
         steps, r_last = _chain(pa, qa, tuples[t], replacement)
         surv = probs[t]
         for x, r, qi in steps:
-            acc = min(1.0, r[x] / qi[x]) if qi[x] > 0 else 0.0
+            # min(1, r / q) without forming r / q where it could overflow (a subnormal q)
+            acc = (1.0 if r[x] >= qi[x] else r[x] / qi[x]) if qi[x] > 0 else 0.0
             J[t, x] += surv * acc
             surv *= 1.0 - acc
         J[t] += surv * r_last
