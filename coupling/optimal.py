@@ -56,7 +56,8 @@ __all__ = ["optimal_acceptance", "optimal_cut", "ratio_order"]
 def ratio_order(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Token order by ``p/q`` decreasing; ``q = 0 < p`` first, ``p = q = 0`` last."""
     m = q > 0
-    ratio = np.where(m, p / np.where(m, q, 1.0), np.inf)
+    with np.errstate(over="ignore"):   # p / (subnormal q) is inf: it sorts with q = 0, first
+        ratio = np.where(m, p / np.where(m, q, 1.0), np.inf)
     ratio[(p == 0) & ~m] = -1.0
     # numpy's default (SIMD quicksort) argsort is ~7x faster than a stable sort here; the
     # order inside a group of equal ratios is irrelevant with replacement (the objective is
