@@ -99,7 +99,7 @@ def _hit_prefixes(q: np.ndarray, k: int, replacement: bool, order: np.ndarray) -
         terms = np.divide(qs, rest, out=np.zeros_like(qs), where=others)   # each <= 2
         A = np.concatenate([np.cumsum(terms[::-1])[::-1], [0.0]])
         b_out = np.arange(qs.size + 1) <= j                                # b in C_m
-        share = np.divide(head_q, rest[j], out=np.zeros_like(head_q), where=rest[j] > 0)
+        share = np.divide(head_q, rest[j], out=np.zeros_like(head_q), where=b_out & (rest[j] > 0))
         b_term = np.where(b_out, qs[j] * np.minimum(share, 1.0), 0.0)
         return np.minimum(head_q * (1.0 + A) + b_term, 1.0)
     V = q.size
