@@ -930,6 +930,58 @@ def test_generate_validates_arguments(pair):
         E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=0)
     with pytest.raises(ValueError):
         E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=4, rule="nonsense")
+    # what once ran silently wrong (a negative gamma: plain sampling) or failed obscurely
+    # (IndexError from the embedding, "Overflow when unpacking long long", TypeError)
+    bad = (({"gamma": -1}, "gamma=-1"), ({"max_new_tokens": 2.5}, "max_new_tokens=2.5"),
+           ({"k": 2.5}, "k=2.5"), ({"seed": 2**70}, "seed="))
+    for kwargs, msg in bad:
+        with pytest.raises(ValueError, match=msg):
+            E.generate(target, E.ModelDrafter(draft), PROMPT, **{"max_new_tokens": 4, **kwargs})
+    for prompt, msg in (([], "at least one token"), ([1, V], "outside"), ([-1, 2], "outside")):
+        with pytest.raises(ValueError, match=msg):
+            E.generate(target, E.ModelDrafter(draft), prompt, max_new_tokens=4)
+        with pytest.raises(ValueError, match=msg):
+            E.autoregressive(target, prompt, max_new_tokens=4)
+    for drafter in (E.NgramDrafter(V + 2), E.NoDrafter(V - 2), E.ModelDrafter(tiny_llama(2))):
+        if drafter.vocab_size == V:
+            continue
+        with pytest.raises(ValueError, match="share one tokenizer"):
+            E.generate(target, drafter, PROMPT, max_new_tokens=4)
+    with pytest.raises(ValueError, match="k=0"):
+        E.sample_chain(torch.full((1, V), 1 / V), None, None, 2, 0, torch.Generator())
+    with pytest.raises(ValueError, match="gamma=0"):
+        E.sample_chain(torch.full((1, V), 1 / V), None, None, 0, 1, torch.Generator())
+    with pytest.raises(ValueError, match="gamma=-1"):
+        E.NgramDrafter(V).propose(PROMPT, -1, 1, SamplingConfig(), torch.Generator())
+    with pytest.raises(ValueError, match="vocab_size=3"):
+        E.NgramDrafter(3).propose([5, 1, 5], 2, 1, SamplingConfig(), torch.Generator())
+
+
+@pytest.mark.parametrize("kwargs, msg", [({"temperature": math.inf}, "finite"),
+                                         ({"top_k": 2.5}, "integer"),
+                                         ({"top_k": math.nan}, "integer"),
+                                         ({"top_k": True}, "integer")])
+def test_sampling_config_refuses_what_it_would_misread(kwargs, msg):
+    """top_k = 2.5 read as 2 by the compiled path, NaN as "off", temperature = inf as a
+    uniform law."""
+    with pytest.raises(ValueError, match=msg):
+        SamplingConfig(**kwargs)
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--prompts", "0"], "--prompts 0"), (["--prompts", "1000"], "--prompts 1000"),
+    (["--max-new-tokens", "0"], "--max-new-tokens 0"), (["--gamma", "-3"], "--gamma -3"),
+    (["--threads", "-1"], "--threads -1"), (["--draft-confidence", "1.5"], "--draft-confidence"),
+    (["--seed", str(2**64)], "--seed"), (["--methods", ""], "--methods"),
+    (["--json", "/"], "is a directory")])
+def test_demo_refuses_settings_before_loading_models(argv, msg):
+    """--prompts 0 once ran 8 prompts and --gamma -3 plain sampling in the "token" row;
+    --json on a directory failed after the whole run."""
+    from coupling.llm import demo
+
+    with pytest.raises(ValueError, match=msg):
+        demo.check_args(demo._parser().parse_args(argv))
+    demo.check_args(demo._parser().parse_args([]))        # the defaults pass
 
 
 def test_gumbel_autoregressive_and_point_mass_drafts_agree(pair):

@@ -81,6 +81,28 @@ def load_prompts() -> list[str]:
     return json.loads(PROMPTS_FILE.read_text())["prompts"]
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse settings the run would otherwise replace or trip over late (after the models
+    load, or after the whole run): ValueError naming the option."""
+    n_file = len(load_prompts())
+    counts = (("--prompts", args.prompts, 1, n_file), ("--max-new-tokens", args.max_new_tokens,
+              1, None), ("--gamma", args.gamma, 1, None), ("--threads", args.threads, 1, None))
+    for opt, value, low, high in counts:
+        if value is not None and (value < low or (high is not None and value > high)):
+            span = f"in [{low}, {high}]" if high is not None else f">= {low}"
+            raise ValueError(f"{opt} {value}: must be {span}"
+                             + (f" (the demo has {n_file} prompts)" if opt == "--prompts" else ""))
+    if args.draft_confidence is not None and not 0.0 <= args.draft_confidence <= 1.0:
+        raise ValueError(f"--draft-confidence {args.draft_confidence}: must lie in [0, 1]")
+    if not -2**63 <= args.seed < 2**63:
+        raise ValueError(f"--seed {args.seed}: must fit in int64")
+    if args.methods is not None and not [m for m in args.methods.split(",") if m.strip()]:
+        raise ValueError("--methods: empty; name at least one method, or leave it out")
+    for opt, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None and Path(path).is_dir():
+            raise ValueError(f"{opt} {path}: is a directory; give a file name")
+
+
 def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="coupling demo", description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="3 prompts, 48 tokens, 7 methods")
@@ -195,11 +217,13 @@ def run(args) -> dict:
     from . import models, rules_adapter
     from .sampling import SamplingConfig
 
+    check_args(args)
     resolve_auto(args)
-    if args.threads:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
-    n_prompts = args.prompts or (3 if args.quick else 8)
-    max_new = args.max_new_tokens or (48 if args.quick else 96)
+    n_prompts = args.prompts if args.prompts is not None else (3 if args.quick else 8)
+    max_new = args.max_new_tokens if args.max_new_tokens is not None else \
+        (48 if args.quick else 96)
     wanted = (args.methods.split(",") if args.methods else (QUICK if args.quick else
                                                              [m.label for m in FULL]))
     by_label = {m.label: m for m in FULL}

@@ -61,6 +61,44 @@ from .rules_adapter import MULTI_DRAFT_RULES, SINGLE_DRAFT_RULES
 from .sampling import SamplingConfig, probs
 
 
+def _count(value, name: str, low: int) -> int:
+    """``value`` as an int >= ``low``, else a ValueError naming ``name``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise ValueError(f"{name}={value!r} must be an integer >= {low}")
+    return int(value)
+
+
+def _check_confidence(confidence: float | None, name: str = "draft_confidence") -> None:
+    if confidence is not None and not 0.0 <= confidence <= 1.0:   # NaN fails too
+        raise ValueError(f"{name}={confidence} must lie in [0, 1] (a bound on the draft's "
+                         "largest first-token probability), or be None")
+
+
+def _check_prompt(prompt: list[int], vocab_size: int | None) -> list[int]:
+    """The prompt as a non-empty list of token ids inside the model's vocabulary."""
+    ids = list(prompt)
+    if not ids:
+        raise ValueError("prompt must hold at least one token id")
+    bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, (int, np.integer))
+           or t < 0 or (vocab_size is not None and t >= vocab_size)]
+    if bad:
+        raise ValueError(f"prompt has token ids outside [0, {vocab_size}) or not integers: "
+                         f"{bad[:5]}; tokenize with the model's own tokenizer")
+    return ids
+
+
+def _check_seed(seed: int) -> int:
+    # keyed uniforms and torch tensors hold seeds as int64
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) \
+            or not -2**63 <= seed < 2**63:
+        raise ValueError(f"seed={seed!r} must be an integer in [-2**63, 2**63)")
+    return int(seed)
+
+
+def _vocab_size(model) -> int | None:
+    return getattr(getattr(model, "config", None), "vocab_size", None)
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
     """Length of the longest common prefix of two token lists.
 
@@ -272,6 +310,7 @@ def prefill(lm: CachedLM, prompt: list[int], *, reuse: bool = False) -> None:
     The kept keys and values are those an earlier call computed; with the whole prompt kept
     they are bit for bit a fresh prefill's. Off by default: a timed run pays its prefill.
     """
+    prompt = _check_prompt(prompt, _vocab_size(lm.model))
     keeps_feats = not lm.keep_features or (
         lm.feats is not None and lm.feats.shape[1] == len(lm.tokens[0]))
     if reuse and len(lm.tokens) == 1 and lm.tree is None and keeps_feats:
@@ -287,6 +326,8 @@ def prefill(lm: CachedLM, prompt: list[int], *, reuse: bool = False) -> None:
 
 class Drafter(Protocol):
     name: str
+    #: the tokenizer's vocabulary size (``generate`` checks it against the target's)
+    vocab_size: int | None
 
     def reset(self, prompt: list[int]) -> None: ...
 
@@ -309,6 +350,7 @@ class ModelDrafter:
     def __init__(self, model, name: str = "trained") -> None:
         self.lm = CachedLM(model)
         self.name = name
+        self.vocab_size = _vocab_size(model)
 
     def reset(self, prompt: list[int]) -> None:
         prefill(self.lm, prompt)
@@ -359,7 +401,10 @@ class NgramDrafter:
                 confidence=None):
         if k != 1:
             raise ValueError(f"k={k}: the n-gram drafter proposes a single branch; use k=1")
-        toks = self.lookup(seq, gamma)
+        toks = self.lookup(seq, _count(gamma, "gamma", 0))
+        if any(t >= self.vocab_size for t in toks):
+            raise ValueError(f"the text holds token ids >= vocab_size={self.vocab_size}: build "
+                             "the NgramDrafter with the target's vocabulary size")
         dev = gen.device
         q = torch.zeros(1, len(toks), self.vocab_size, device=dev)
         t = torch.tensor([toks], dtype=torch.long, device=dev).reshape(1, len(toks))
@@ -414,8 +459,7 @@ def draft_block(lm: CachedLM, seq: list[int], gamma: int, k: int, cfg: SamplingC
     the k first tokens are drawn without replacement (successive sampling from q_1). With
     ``gumbel=(seed, position)`` drafts are Gumbel argmaxes from the backend's shared noise.
     """
-    if gamma < 1:
-        raise ValueError(f"gamma={gamma} must be >= 1")
+    _count(gamma, "gamma", 1)
     feed = lm.sync(seq)
     logits = lm.forward(torch.tensor([feed], device=lm.device))[:, -1]  # [1, V]
 
@@ -445,6 +489,10 @@ def sample_chain(q1: torch.Tensor, step, expand, gamma: int, k: int, gen: torch.
     of the target: every rule then verifies a block whose length was fixed before it was
     drafted, which is the setting of its losslessness guarantee.
     """
+    gamma, k = _count(gamma, "gamma", 1), _count(k, "k", 1)
+    _check_confidence(confidence, "confidence")
+    if q1.dim() != 2 or q1.shape[0] != 1:
+        raise ValueError(f"q1 must be the first token's law [1, V], got shape {tuple(q1.shape)}")
     if confidence is not None and gamma > 1 and float(q1.max()) < confidence:
         gamma = 1
     if distinct_first:
@@ -601,13 +649,17 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
     from one prompt pay its prefill once. Without it each call starts from an empty cache.
     """
     cfg = cfg or SamplingConfig()
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 1")
-    if k < 1:
-        raise ValueError(f"k={k} must be >= 1")
-    if draft_confidence is not None and not 0.0 <= draft_confidence <= 1.0:
-        raise ValueError(f"draft_confidence={draft_confidence} must lie in [0, 1] (a bound on "
-                         "the draft's largest first-token probability), or be None")
+    max_new_tokens = _count(max_new_tokens, "max_new_tokens", 1)
+    k = _count(k, "k", 1)
+    gamma = _count(gamma, "gamma", 0)            # 0: plain sampling through the same loop
+    seed = _check_seed(seed)
+    _check_confidence(draft_confidence)
+    prompt = _check_prompt(prompt, _vocab_size(target_model))
+    d_vocab, t_vocab = getattr(drafter, "vocab_size", None), _vocab_size(target_model)
+    if drafter is not None and d_vocab is not None and t_vocab is not None \
+            and d_vocab != t_vocab:
+        raise ValueError(f"the drafter's vocabulary has {d_vocab} tokens, the target's "
+                         f"{t_vocab}: target and draft must share one tokenizer")
     if rule in SINGLE_DRAFT_RULES and k != 1:
         raise ValueError(f"rule {rule!r} verifies one draft, got k={k}; use k=1 (multi-draft: "
                          f"{MULTI_DRAFT_RULES})")
@@ -732,6 +784,10 @@ def hf_assisted(target_model, draft_model, prompt: list[int], *, max_new_tokens:
     ``generate(draft_confidence=)``, which gates on the first law's peak instead."""
     from .sampling import hf_kwargs
 
+    max_new_tokens = _count(max_new_tokens, "max_new_tokens", 1)
+    gamma = _count(gamma, "gamma", 1)
+    _check_confidence(confidence, "confidence")
+    prompt = _check_prompt(prompt, _vocab_size(target_model))
     gc = draft_model.generation_config
     gc.num_assistant_tokens = gamma
     gc.num_assistant_tokens_schedule = "constant"

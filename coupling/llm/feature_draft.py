@@ -388,6 +388,7 @@ class FeatureDrafter:
 
     def __init__(self, draft: FeatureDraft, name: str = "feature") -> None:
         self.draft, self.name = draft, name
+        self.vocab_size = draft.vocab_size
         self.cache = PairCache()
         self.true_pairs = 0          # leading cache entries fed with the target's features
         self.seq: list[int] = []     # committed tokens those pairs were computed from

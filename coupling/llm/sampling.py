@@ -16,8 +16,10 @@ the same kept set and the same law to float32 rounding, for target and draft ali
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
+import numpy as np
 import torch
 
 
@@ -30,10 +32,12 @@ class SamplingConfig:
     top_p: float = 1.0
 
     def __post_init__(self) -> None:
-        if not (self.temperature > 0):
-            raise ValueError(f"temperature={self.temperature} must be > 0 (greedy is not sampling)")
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k} must be >= 0 (0 disables top-k)")
+        if not (0 < self.temperature < math.inf):
+            raise ValueError(f"temperature={self.temperature} must be finite and > 0 (greedy is "
+                             "not sampling)")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, (int, np.integer)) \
+                or self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k!r} must be an integer >= 0 (0 disables top-k)")
         if not (0.0 < self.top_p <= 1.0):
             raise ValueError(f"top_p={self.top_p} must lie in (0, 1] (1 disables top-p)")
 
