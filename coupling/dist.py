@@ -168,16 +168,14 @@ def validate_drafts(drafts: ArrayLike, q: np.ndarray, *, name: str = "drafts") -
             f"{name} must be a non-empty 1-D array of token ids, got shape {arr.shape}"
         )
     V = q.size
-    if arr.dtype.kind not in "iu":
-        if arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr)):
-            if (arr < 0).any() or (arr >= V).any():   # before a cast that would wrap 1e20
-                raise ValueError(f"{name} has token ids outside [0, {V}): {arr.tolist()}")
-            arr = arr.astype(np.int64)
-        else:
-            raise ValueError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
-    arr = arr.astype(np.int64)
+    if arr.dtype.kind not in "iu" and not (
+        arr.dtype.kind == "f" and np.all(np.isfinite(arr)) and np.all(arr == np.round(arr))
+    ):
+        raise ValueError(f"{name} must hold integer token ids, got dtype {arr.dtype}")
+    # in range before the int64 cast, which would wrap a float id of 1e20
     if (arr < 0).any() or (arr >= V).any():
         raise ValueError(f"{name} has token ids outside [0, {V}): {arr.tolist()}")
+    arr = arr.astype(np.int64)
     zero = q[arr] == 0
     if zero.any():
         raise ValueError(
