@@ -654,8 +654,10 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
     gamma = _count(gamma, "gamma", 0)            # 0: plain sampling through the same loop
     seed = _check_seed(seed)
     _check_confidence(draft_confidence)
-    prompt = _check_prompt(prompt, _vocab_size(target_model))
-    d_vocab, t_vocab = getattr(drafter, "vocab_size", None), _vocab_size(target_model)
+    # checked here too, not only by prefill: before a passed-in cache is touched
+    t_vocab = _vocab_size(target_model)
+    prompt = _check_prompt(prompt, t_vocab)
+    d_vocab = getattr(drafter, "vocab_size", None)
     if drafter is not None and d_vocab is not None and t_vocab is not None \
             and d_vocab != t_vocab:
         raise ValueError(f"the drafter's vocabulary has {d_vocab} tokens, the target's "
