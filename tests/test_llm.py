@@ -307,6 +307,34 @@ def test_step_beta_block_weights_and_token_alpha():
     assert P.conditional_block(drafts, q, p, 0) == pytest.approx(1 + 0.5 + 1.0)
 
 
+def _predict_step():
+    q = torch.tensor([[[0.5, 0.5, 0.0], [0.2, 0.8, 0.0]]])
+    p = torch.tensor([[[0.25, 0.25, 0.5], [0.6, 0.2, 0.2], [1 / 3, 1 / 3, 1 / 3]]])
+    return torch.tensor([[0, 0]]), q, p
+
+
+@pytest.mark.parametrize("change, msg", [
+    (dict(rule="blocks"), "rule='blocks'"), (dict(drafts=torch.tensor([[0.0, 0.0]])), "integer"),
+    (dict(drafts=torch.tensor([0, 0])), r"\[k, g\]"), (dict(drafts=torch.tensor([[0, 3]])),
+                                                       r"\[0, 3\)"),
+    (dict(drafts=torch.tensor([[0, 2]])), "probability 0"),     # q = 0: its ratio is infinite
+    (dict(q=torch.full((1, 3, 3), 1 / 3)), "q must be"), (dict(p=torch.ones(1, 2, 3) / 3),
+                                                          "p must be"),
+    (dict(branch=1), "branch=1"), (dict(branch=True), "branch=True"), (dict(k=2), "k=2")])
+def test_predictions_refuse_a_malformed_step(change, msg):
+    """The predictions index q and p by the drafts: a wrong shape, an unknown rule name or a
+    draft q never proposes once gave an IndexError, a silently wrong value or inf."""
+    drafts, q, p = _predict_step()
+    args = dict(rule="block", drafts=drafts, q=q, p=p, branch=0, k=1) | change
+    with pytest.raises(ValueError, match=msg):
+        P.step_beta(**args)
+    if "k" not in change:
+        with pytest.raises(ValueError, match=msg):
+            P.check_step(args["rule"], args["drafts"], args["q"], args["p"], args["branch"])
+    with pytest.raises(ValueError, match="rule="):
+        P.predicted_block_efficiency("tokens", [0.5])
+
+
 @given(st.integers(0, 2**31 - 1), st.integers(1, 6), st.integers(2, 6))
 @settings(max_examples=200, deadline=None)
 def test_block_on_the_same_drafts_never_below_token(seed, g, V):
@@ -650,6 +678,24 @@ def test_grouped_sdpa_is_bit_identical_to_sdpa_and_skips_the_kv_copy(dtype, monk
     assert models.use_grouped_sdpa(grouped) is grouped     # idempotent
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_sdpa_mask_is_sdpas_boolean_mask_made_additive_once(dtype):
+    """The mask GROUPED_SDPA's layers get: 0 where transformers' sdpa mask says True, -inf where
+    it says False (what the attention kernel made of the boolean mask in every layer), in the
+    model's dtype; a mask sdpa skips stays None."""
+    from transformers.masking_utils import sdpa_mask
+
+    from coupling.llm import models
+
+    kw = dict(batch_size=1, q_length=3, kv_length=7, q_offset=4)
+    want = sdpa_mask(**kw)
+    got = models._additive_sdpa_mask(**kw, dtype=dtype)
+    assert want.dtype == torch.bool and got.dtype == dtype and got.shape == want.shape
+    assert torch.equal(got == 0, want) and torch.isneginf(got[~want]).all()
+    assert models._additive_sdpa_mask(batch_size=1, q_length=3, kv_length=3,
+                                      dtype=dtype) is None      # causal, no cache: skipped
+
+
 @pytest.mark.parametrize("rule,k,drafter", [("kseq", 2, "model"), ("rrs", 3, "model"),
                                             ("rrs_wor", 2, "model"), ("optimal", 2, "model"),
                                             ("optimal_wor", 2, "feature"), ("rrs", 2, "feature")])
@@ -973,7 +1019,10 @@ def test_sampling_config_refuses_what_it_would_misread(kwargs, msg):
     (["--max-new-tokens", "0"], "--max-new-tokens 0"), (["--gamma", "-3"], "--gamma -3"),
     (["--threads", "-1"], "--threads -1"), (["--draft-confidence", "1.5"], "--draft-confidence"),
     (["--seed", str(2**64)], "--seed"), (["--methods", ""], "--methods"),
-    (["--json", "/"], "is a directory")])
+    (["--json", "/"], "is a directory"), (["--draft-head", "-5"], "--draft-head -5"),
+    (["--draft-logit-scale", "-1"], "--draft-logit-scale"),
+    (["--draft-logit-scale", "inf"], "--draft-logit-scale"),
+    (["--draft-logit-scale", "nan"], "--draft-logit-scale")])
 def test_demo_refuses_settings_before_loading_models(argv, msg):
     """--prompts 0 once ran 8 prompts and --gamma -3 plain sampling in the "token" row;
     --json on a directory failed after the whole run."""

@@ -94,6 +94,12 @@ def check_args(args: argparse.Namespace) -> None:
                              + (f" (the demo has {n_file} prompts)" if opt == "--prompts" else ""))
     if args.draft_confidence is not None and not 0.0 <= args.draft_confidence <= 1.0:
         raise ValueError(f"--draft-confidence {args.draft_confidence}: must lie in [0, 1]")
+    if args.draft_head < 0:
+        raise ValueError(f"--draft-head {args.draft_head}: must be >= 0 (0: the full head)")
+    scale = args.draft_logit_scale
+    if scale is not None and not 0.0 < scale < float("inf"):
+        raise ValueError(f"--draft-logit-scale {scale}: must be a finite number > 0 (1 runs the "
+                         "drafts uncalibrated; leave it out for their calibrated scales)")
     if not -2**63 <= args.seed < 2**63:
         raise ValueError(f"--seed {args.seed}: must fit in int64")
     if args.methods is not None and not [m for m in args.methods.split(",") if m.strip()]:

@@ -70,6 +70,39 @@ def compose(beta: list[float] | np.ndarray) -> float:
     return out
 
 
+def check_step(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+               branch: int) -> None:
+    """Validate one step's record for the predictions below: ``rule`` an engine rule, drafts
+    [k, g] integer ids in [0, V), q [k, g, V], p [k, g + 1, V], ``branch`` in [0, k), and the
+    chosen branch's drafts possible under q (a draft with q = 0 was not sampled from q: its
+    ratio p / q would be infinite). ``ValueError`` naming the argument otherwise."""
+    from .rules_adapter import RULES
+
+    if rule not in RULES:
+        raise ValueError(f"rule={rule!r}: choose one of {', '.join(RULES)}")
+    if not isinstance(drafts, torch.Tensor) or drafts.dim() != 2 or drafts.dtype.is_floating_point \
+            or drafts.dtype in (torch.bool, torch.complex64, torch.complex128):
+        raise ValueError("drafts must be an integer tensor [k, g], got "
+                         f"{getattr(drafts, 'dtype', type(drafts).__name__)} "
+                         f"{tuple(getattr(drafts, 'shape', ()))}")
+    k, g = drafts.shape
+    if q.dim() != 3 or q.shape[:2] != (k, g):
+        raise ValueError(f"q must be [k, g, V] = [{k}, {g}, V] for drafts [{k}, {g}], got "
+                         f"{tuple(q.shape)}")
+    V = q.shape[2]
+    if tuple(p.shape) != (k, g + 1, V):
+        raise ValueError(f"p must be [k, g + 1, V] = [{k}, {g + 1}, {V}], got {tuple(p.shape)}")
+    if isinstance(branch, bool) or not isinstance(branch, (int, np.integer)) \
+            or not 0 <= branch < k:
+        raise ValueError(f"branch={branch!r} must be an integer in [0, {k})")
+    if drafts.numel() and (int(drafts.min()) < 0 or int(drafts.max()) >= V):
+        raise ValueError(f"drafts must be token ids in [0, {V}), got values in "
+                         f"[{int(drafts.min())}, {int(drafts.max())}]")
+    if g and not bool((q[branch].gather(-1, drafts[branch, :, None].long()) > 0).all()):
+        raise ValueError("q gives probability 0 to a draft of the chosen branch: the drafts "
+                         "were not sampled from q (pass the law they were drawn from)")
+
+
 def _support_pair(p: torch.Tensor, q: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     pd, qd = p.double(), q.double()
     keep = (pd > 0) | (qd > 0)
@@ -92,6 +125,10 @@ def step_beta(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
     drafts [k, g], q [k, g, V], p [k, g+1, V]; returns g floats. For ``block`` returns the
     block weights w_1..w_g (so that :func:`compose`-free ``1 + sum(w)`` is its prediction).
     """
+    check_step(rule, drafts, q, p, branch)
+    if k != drafts.shape[0]:
+        raise ValueError(f"k={k!r} must equal the number of branches drafts holds, "
+                         f"{drafts.shape[0]}")
     g = drafts.shape[1]
     c = branch
     if rule == "block":
@@ -129,6 +166,10 @@ def step_beta(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
 
 def predicted_block_efficiency(rule: str, beta: list[float]) -> float:
     """The step's predicted tokens per target call from :func:`step_beta`'s output."""
+    from .rules_adapter import RULES
+
+    if rule not in RULES:
+        raise ValueError(f"rule={rule!r}: choose one of {', '.join(RULES)}")
     if rule == "block":
         return 1.0 + float(sum(beta))
     return compose(beta)
@@ -142,6 +183,7 @@ def optimal_block_efficiency(rule: str, rec, drafts: torch.Tensor, q: torch.Tens
     ``predicted`` this is when the rule is itself ``optimal``."""
     from .rules_adapter import backend_rule, distinct_first
 
+    check_step(rule, drafts, q, p, branch)
     if backend_rule(rule)[0] == "optimal":
         return rec.predicted
     opt = "optimal_wor" if distinct_first(rule, replacement) else "optimal"
@@ -150,11 +192,12 @@ def optimal_block_efficiency(rule: str, rec, drafts: torch.Tensor, q: torch.Tens
 
 def conditional_block(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, branch: int) -> float:
     """E[accepted + 1 | drafts] for block verification on these drafts: 1 + sum_i w_i."""
-    return 1.0 + float(sum(step_beta("block", drafts, q, p, branch, 1)))
+    return 1.0 + float(sum(step_beta("block", drafts, q, p, branch, drafts.shape[0])))
 
 
 def conditional_token(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, branch: int) -> float:
     """E[accepted + 1 | drafts] for token verification: 1 + sum_j prod_{i<=j} min(1, r_i)."""
+    check_step("token", drafts, q, p, branch)
     g = drafts.shape[1]
     x = drafts[branch]
     px = p[branch, :g].double().gather(-1, x[:, None]).squeeze(-1)
