@@ -1014,6 +1014,43 @@ def test_sampling_config_refuses_what_it_would_misread(kwargs, msg):
         SamplingConfig(**kwargs)
 
 
+def test_speedup_interval_is_exact_where_the_bootstrap_law_is_known():
+    """demo.speedup_interval: prompts that all run r times faster give the point [r, r]; two
+    prompts at speedups 1 and 2 (equal tokens and times) resample to "both 1" and "both 2"
+    with probability 1/4 each, so the central 95% range is exactly [1, 2], and the 50% range
+    lies inside it; the draws are seeded."""
+    from coupling.llm.demo import speedup_interval
+
+    assert speedup_interval([10, 20, 5], [1, 2, 0.5], [10, 20, 5], [2, 4, 1]) == \
+        pytest.approx((2.0, 2.0), abs=1e-12)
+    assert speedup_interval([7], [1.0], [7], [1.5]) == pytest.approx((1.5, 1.5))
+    wide = speedup_interval([10, 10], [1, 1], [10, 10], [1, 2])
+    assert wide == pytest.approx((1.0, 2.0), abs=1e-12)
+    lo, hi = speedup_interval([10, 10], [1, 1], [10, 10], [1, 2], level=0.5)
+    assert 1.0 <= lo <= hi <= 2.0 and hi - lo < 1.0
+    rng = np.random.default_rng(3)
+    t, s, at, as_ = rng.integers(50, 97, 8), rng.uniform(2, 4, 8), np.full(8, 96), \
+        rng.uniform(3, 5, 8)
+    a, b = speedup_interval(t, s, at, as_), speedup_interval(t, s, at, as_)
+    pooled = (t.sum() / s.sum()) / (at.sum() / as_.sum())
+    assert a == b and a[0] < pooled < a[1]
+
+
+@pytest.mark.parametrize("args, kwargs, msg", [
+    (([1, 2], [1, 1], [1], [1]), {}, "one entry per prompt"),
+    (([], [], [], []), {}, "one entry per prompt"),
+    (([1], [0.0], [1], [1]), {}, "seconds finite and > 0"),
+    (([1], [1], [1], [float("nan")]), {}, "finite"),
+    (([-1], [1], [1], [1]), {}, ">= 0"),
+    (([1], [1], [1], [1]), {"level": 1.5}, "level=1.5"),
+    (([1], [1], [1], [1]), {"resamples": 0}, "resamples=0")])
+def test_speedup_interval_refuses_malformed_runs(args, kwargs, msg):
+    from coupling.llm.demo import speedup_interval
+
+    with pytest.raises(ValueError, match=msg):
+        speedup_interval(*args, **kwargs)
+
+
 @pytest.mark.parametrize("argv, msg", [
     (["--prompts", "0"], "--prompts 0"), (["--prompts", "1000"], "--prompts 1000"),
     (["--max-new-tokens", "0"], "--max-new-tokens 0"), (["--gamma", "-3"], "--gamma -3"),

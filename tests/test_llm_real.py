@@ -397,6 +397,11 @@ def test_demo_runs_end_to_end_and_writes_the_promised_json(tmp_path):
             assert math.isfinite(row[key]), (name, key)
     for b in res["baselines"].values():
         assert b["tokens_per_s"] > 0
+    assert res["baselines"]["autoregressive"]["speedup_ci95"] == pytest.approx([1.0, 1.0])
+    for row in (*res["baselines"].values(), *res["rules"].values()):
+        lo, hi = row["speedup_ci95"]             # one prompt: the interval is the point
+        assert lo == pytest.approx(row["speedup_vs_autoregressive"]) == pytest.approx(hi)
+        assert len(row["per_prompt_tokens_per_s"]) == 1
     stored = {}
     for key, path in (("draft_logit_scale", models.DRAFT_WEIGHTS),
                       ("feature_draft_logit_scale", FD.FEATURE_DRAFT_WEIGHTS)):

@@ -316,7 +316,7 @@ def run(args) -> dict:
     runnable = [m for m in runnable if m.label not in skipped]
 
     acc = {m.label: dict(tokens=0, seconds=0.0, target_calls=0, steps=[], draft_s=0.0,
-                         target_s=0.0, draft_calls=0) for m in runnable}
+                         target_s=0.0, draft_calls=0, per_prompt=[]) for m in runnable}
     bar = tqdm(total=len(encoded) * len(runnable), desc="demo", disable=args.no_progress,
                file=sys.stderr)
     for i, prompt in enumerate(encoded):
@@ -343,10 +343,20 @@ def run(args) -> dict:
             a["draft_s"] += r.draft_seconds
             a["target_s"] += r.target_seconds
             a["draft_calls"] += r.draft_calls
+            a["per_prompt"].append((i, len(r.tokens), r.seconds))
             bar.update(1)
     bar.close()
 
     ar_tps = acc["autoregressive"]["tokens"] / acc["autoregressive"]["seconds"]
+    ar_runs = {i: (n, t) for i, n, t in acc["autoregressive"]["per_prompt"]}
+
+    def spread(a: dict) -> dict:
+        """Per-prompt tokens/s and the paired bootstrap interval of the speedup
+        (:func:`speedup_interval`) over the prompts both this method and plain sampling ran."""
+        runs = [(n, t, *ar_runs[i]) for i, n, t in a["per_prompt"] if i in ar_runs]
+        return {"per_prompt_tokens_per_s": [n / t for _, n, t in a["per_prompt"]],
+                "speedup_ci95": list(speedup_interval(*zip(*runs, strict=True)))}
+
     rules_out, baselines = {}, {}
     for m in runnable:
         a = acc[m.label]
@@ -356,7 +366,7 @@ def run(args) -> dict:
                 "tokens_per_s": tps, "tokens": a["tokens"], "seconds": a["seconds"],
                 "target_calls": a["target_calls"],
                 "tokens_per_target_call": a["tokens"] / max(a["target_calls"], 1),
-                "speedup_vs_autoregressive": tps / ar_tps,
+                "speedup_vs_autoregressive": tps / ar_tps, **spread(a),
             }
             continue
         steps = a["steps"]
@@ -375,7 +385,7 @@ def run(args) -> dict:
             "mean_alpha": float(np.mean([x for s in steps for x in s.alpha])) if drafted else None,
             "target_calls": a["target_calls"], "verify_steps": len(steps),
             "tokens": a["tokens"], "seconds": a["seconds"], "tokens_per_s": tps,
-            "speedup_vs_autoregressive": tps / ar_tps,
+            "speedup_vs_autoregressive": tps / ar_tps, **spread(a),
             "draft_calls": a["draft_calls"],
             "draft_call_ms": 1e3 * a["draft_s"] / max(a["draft_calls"], 1),
             "target_call_ms": 1e3 * a["target_s"] / max(a["target_calls"], 1),
@@ -411,15 +421,53 @@ def run(args) -> dict:
     }
 
 
+def speedup_interval(tokens, seconds, ar_tokens, ar_seconds, *, level: float = 0.95,
+                     resamples: int = 4000, seed: int = 0) -> tuple[float, float]:
+    r"""A paired bootstrap interval over prompts for a method's speedup over plain sampling.
+
+    The speedup is a ratio of pooled rates, :math:`S = (\sum_i n_i / \sum_i t_i) /
+    (\sum_i n^0_i / \sum_i t^0_i)` over prompts i (the method's tokens and seconds, then
+    autoregressive sampling's on the same prompt). Prompts are resampled with replacement,
+    each keeping its pair, and the interval is the central ``level`` quantile range of S over
+    ``resamples`` draws (seeded). Why: prompts differ in how well the draft agrees and the
+    machine's clock drifts between them, so one run's ratio moves by a few percent; the
+    interval shows how far this run's own prompts move it (not run-to-run drift of the
+    machine itself)."""
+    arrays = [np.asarray(a, dtype=np.float64) for a in (tokens, seconds, ar_tokens, ar_seconds)]
+    n = arrays[0].size
+    if any(a.ndim != 1 or a.size != n for a in arrays) or n == 0:
+        raise ValueError("tokens, seconds, ar_tokens and ar_seconds must be 1-D, one entry per "
+                         f"prompt, of one length >= 1; got shapes {[a.shape for a in arrays]}")
+    if not all(np.isfinite(a).all() and (a >= 0).all() for a in arrays) or \
+            not (arrays[1] > 0).all() or not (arrays[3] > 0).all():
+        raise ValueError("tokens must be finite and >= 0, seconds finite and > 0")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level={level}: must lie in (0, 1)")
+    if isinstance(resamples, bool) or not isinstance(resamples, (int, np.integer)) \
+            or resamples < 1:
+        raise ValueError(f"resamples={resamples!r}: must be an integer >= 1")
+    rng = np.random.default_rng(seed)
+    w = rng.multinomial(n, np.full(n, 1.0 / n), size=resamples).astype(np.float64)  # [R, n]
+    tok, sec, ar_tok, ar_sec = (w @ a for a in arrays)
+    speedup = (tok / sec) / (ar_tok / ar_sec)
+    lo, hi = np.quantile(speedup, [(1 - level) / 2, (1 + level) / 2])
+    return float(lo), float(hi)
+
+
 def format_table(res: dict) -> str:
     w = max([16] + [len(n) + 1 for n in (*res["baselines"], *res["rules"])])
     head = (f"{'method':<{w}}{'k':>3}{'BE':>7}{'BE pred':>9}{'BE opt':>8}{'accept':>8}"
-            f"{'calls':>7}{'tok/s':>8}{'speedup':>9}")
+            f"{'calls':>7}{'tok/s':>8}{'speedup':>9}{'95% CI':>13}")
     lines = [head, "-" * len(head)]
+
+    def ci(row: dict) -> str:
+        lo_hi = row.get("speedup_ci95")
+        return f"{'-':>13}" if lo_hi is None else f"{lo_hi[0]:>7.2f}-{lo_hi[1]:.2f}"
+
     for name, b in res["baselines"].items():
         lines.append(f"{name:<{w}}{'':>3}{b['tokens_per_target_call']:>7.2f}{'-':>9}{'-':>8}"
                      f"{'-':>8}{b['target_calls']:>7d}{b['tokens_per_s']:>8.1f}"
-                     f"{b['speedup_vs_autoregressive']:>8.2f}x")
+                     f"{b['speedup_vs_autoregressive']:>8.2f}x{ci(b)}")
     for name, r in res["rules"].items():
         ar = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.3f}"
         opt = r.get("optimal_predicted_block_efficiency")
@@ -427,7 +475,7 @@ def format_table(res: dict) -> str:
         lines.append(f"{name:<{w}}{r['k']:>3}{r['block_efficiency']:>7.2f}"
                      f"{r['predicted_block_efficiency']:>9.2f}{opt:>8}{ar:>8}"
                      f"{r['target_calls']:>7d}{r['tokens_per_s']:>8.1f}"
-                     f"{r['speedup_vs_autoregressive']:>8.2f}x")
+                     f"{r['speedup_vs_autoregressive']:>8.2f}x{ci(r)}")
     return "\n".join(lines)
 
 
@@ -536,7 +584,8 @@ def main(argv: list[str] | None = None) -> int:
     print("BE = tokens per target verification call (HF: per target forward call); BE pred = "
           "coupling prediction from the recorded (p, q) (coupling.llm.predict); BE opt = "
           "the LP-optimal verifier's prediction on the same laws and draft law (k > 1); accept = "
-          "accepted/drafted tokens; speedup = tokens/s over autoregressive in this run.")
+          "accepted/drafted tokens; speedup = tokens/s over autoregressive in this run; 95% CI = "
+          "paired bootstrap over this run's prompts (demo.speedup_interval).")
     for name, why in res["skipped"].items():
         print(f"skipped {name}: {why}")
     if args.json:
