@@ -100,7 +100,11 @@ def as_distribution(x: ArrayLike, *, atol: float = 1e-9, name: str = "p") -> np.
     # keeps a 49152-token validation at microseconds. fsum raises OverflowError where the
     # pairwise sum would read inf: an entry that large is no probability anyway
     try:
-        total = math.fsum(arr.tolist()) if arr.size <= 4096 else float(arr.sum())
+        if arr.size <= 4096:
+            total = math.fsum(arr.tolist())
+        else:
+            with np.errstate(over="ignore"):        # an overflow reads inf: reported below
+                total = float(arr.sum())
     except OverflowError:
         total = math.inf
     if abs(total - 1.0) > atol:

@@ -15,7 +15,8 @@ efficiency the coupling analysis predicts from the (p, q) pairs seen along the r
 (:mod:`coupling.llm.predict` says exactly what is predicted), for multi-draft rules the block
 efficiency the LP-optimal verifier predicts on the same laws,
 acceptance rate (accepted / drafted tokens), target calls, tokens/s and the speedup over
-autoregressive sampling measured in the same run.
+autoregressive sampling measured in the same run, with a paired bootstrap interval over the
+prompts (:func:`speedup_interval`).
 """
 
 from __future__ import annotations
