@@ -333,6 +333,12 @@ def test_predictions_refuse_a_malformed_step(change, msg):
             P.check_step(args["rule"], args["drafts"], args["q"], args["p"], args["branch"])
     with pytest.raises(ValueError, match="rule="):
         P.predicted_block_efficiency("tokens", [0.5])
+    with pytest.raises(ValueError, match="rule="):
+        P.optimal_block_efficiency("rss", None, drafts, q, p, 0)
+    if "rule" not in change and "k" not in change:        # the optimal rule's shortcut too
+        with pytest.raises(ValueError, match=msg):
+            P.optimal_block_efficiency("optimal", None, args["drafts"], args["q"], args["p"],
+                                       args["branch"])
 
 
 @given(st.integers(0, 2**31 - 1), st.integers(1, 6), st.integers(2, 6))

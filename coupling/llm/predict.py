@@ -70,21 +70,26 @@ def compose(beta: list[float] | np.ndarray) -> float:
     return out
 
 
+def _check_rule(rule: str) -> None:
+    from .rules_adapter import RULES
+
+    if rule not in RULES:
+        raise ValueError(f"rule={rule!r}: choose one of {', '.join(RULES)}")
+
+
 def check_step(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
                branch: int) -> None:
     """Validate one step's record for the predictions below: ``rule`` an engine rule, drafts
     [k, g] integer ids in [0, V), q [k, g, V], p [k, g + 1, V], ``branch`` in [0, k), and the
     chosen branch's drafts possible under q (a draft with q = 0 was not sampled from q: its
     ratio p / q would be infinite). ``ValueError`` naming the argument otherwise."""
-    from .rules_adapter import RULES
+    from coupling.torch_backend._common import check_token_ids
 
-    if rule not in RULES:
-        raise ValueError(f"rule={rule!r}: choose one of {', '.join(RULES)}")
-    if not isinstance(drafts, torch.Tensor) or drafts.dim() != 2 or drafts.dtype.is_floating_point \
-            or drafts.dtype in (torch.bool, torch.complex64, torch.complex128):
-        raise ValueError("drafts must be an integer tensor [k, g], got "
-                         f"{getattr(drafts, 'dtype', type(drafts).__name__)} "
+    _check_rule(rule)
+    if not isinstance(drafts, torch.Tensor) or drafts.dim() != 2:
+        raise ValueError(f"drafts must be an integer tensor [k, g], got "
                          f"{tuple(getattr(drafts, 'shape', ()))}")
+    check_token_ids(drafts)
     k, g = drafts.shape
     if q.dim() != 3 or q.shape[:2] != (k, g):
         raise ValueError(f"q must be [k, g, V] = [{k}, {g}, V] for drafts [{k}, {g}], got "
@@ -166,10 +171,7 @@ def step_beta(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
 
 def predicted_block_efficiency(rule: str, beta: list[float]) -> float:
     """The step's predicted tokens per target call from :func:`step_beta`'s output."""
-    from .rules_adapter import RULES
-
-    if rule not in RULES:
-        raise ValueError(f"rule={rule!r}: choose one of {', '.join(RULES)}")
+    _check_rule(rule)
     if rule == "block":
         return 1.0 + float(sum(beta))
     return compose(beta)
@@ -183,8 +185,9 @@ def optimal_block_efficiency(rule: str, rec, drafts: torch.Tensor, q: torch.Tens
     ``predicted`` this is when the rule is itself ``optimal``."""
     from .rules_adapter import backend_rule, distinct_first
 
-    check_step(rule, drafts, q, p, branch)
+    _check_rule(rule)
     if backend_rule(rule)[0] == "optimal":
+        check_step(rule, drafts, q, p, branch)      # else step_beta checks the step
         return rec.predicted
     opt = "optimal_wor" if distinct_first(rule, replacement) else "optimal"
     return compose(step_beta(opt, drafts, q, p, branch, drafts.shape[0]))
