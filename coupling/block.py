@@ -107,7 +107,7 @@ from fractions import Fraction
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .dist import as_distribution
+from .dist import as_distribution, validate_count
 
 __all__ = [
     "RULES",
@@ -169,13 +169,7 @@ MAX_PATHS = 2_000_000
 
 
 def _check_vocab(vocab_size: int) -> int:
-    if (
-        isinstance(vocab_size, bool)
-        or not isinstance(vocab_size, (int, np.integer))
-        or vocab_size < 1
-    ):
-        raise ValueError(f"vocab_size must be a positive integer, got {vocab_size!r}")
-    return int(vocab_size)
+    return validate_count(vocab_size, "vocab_size")
 
 
 class TabularLM:
@@ -416,10 +410,7 @@ def _is_gumbel(rule: str) -> bool:
 
 def _check_gamma(gamma: int, name: str = "gamma") -> int:
     """A positive integer count; ``name`` is the caller's argument (``gamma`` or ``length``)."""
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or gamma < 1:
-        what = "block length" if name == "gamma" else "number of tokens"
-        raise ValueError(f"{name} must be a positive integer {what}, got {gamma!r}")
-    return int(gamma)
+    return validate_count(gamma, name, "block length" if name == "gamma" else "number of tokens")
 
 
 # --------------------------------------------------------------------------------------

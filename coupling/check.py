@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
-from .dist import check_pair, tuple_law
+from .dist import check_pair, tuple_law, validate_count
 from .rules._base import Rule
 
 __all__ = [
@@ -173,8 +173,7 @@ def check_sampler(
     with the correct ``reference``: its own joint would agree with its own sampler."""
     pa, qa = check_pair(p, q)
     # n = 0 tests nothing and alpha <= 0 rejects nothing: either would pass a broken rule
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise ValueError(f"n must be a positive integer number of samples, got {n!r}")
+    validate_count(n, "n", "number of samples")
     if not 0.0 < alpha < 1.0:
         raise ValueError(f"alpha must lie in (0, 1) (the test's false-positive rate), got "
                          f"{alpha!r}")

@@ -142,11 +142,18 @@ def tv(p: ArrayLike, q: ArrayLike) -> float:
     return 0.5 * float(np.abs(pa - qa).sum())
 
 
+def validate_count(value: int, name: str, what: str = "") -> int:
+    """Return ``value`` as an int >= 1, else ``ValueError`` naming ``name`` (``what`` says what
+    it counts). Bools are refused: ``True`` would read as 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer{' ' + what if what else ''}, "
+                         f"got {value!r}")
+    return int(value)
+
+
 def validate_k(k: int, *, name: str = "k") -> int:
     """Return ``k`` as an int >= 1 or raise ``ValueError``."""
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
-        raise ValueError(f"{name} must be a positive integer number of drafts, got {k!r}")
-    return int(k)
+    return validate_count(k, name, "number of drafts")
 
 
 def validate_replacement(replacement: bool) -> bool:

@@ -68,6 +68,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
+from ..dist import validate_count
 from ._base import (
     Rule,
     categorical,
@@ -280,10 +281,8 @@ def minhash_pair(
     pa, qa, _ = prepare(p, q)
     require_generator(rng)
     V = pa.size
-    if block is not None and (isinstance(block, bool) or not isinstance(block, (int, np.integer))
-                              or block < 1):
-        raise ValueError(f"block must be a positive integer number of darts per round (or "
-                         f"None for max(64, 2 V)), got {block!r}")
+    if block is not None:
+        validate_count(block, "block", "number of darts per round (or None for max(64, 2 V))")
     n = block or max(64, 2 * V)
     x = y = -1
     while x < 0 or y < 0:
