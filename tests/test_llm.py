@@ -1710,6 +1710,39 @@ def test_confidence_fit_predicts_the_gated_speed_exactly_on_toy_steps():
     assert tree(peak, a1, a2, opt2, 0.8, 30.0, 4.0, 5.0) == pytest.approx(mixed / base)
 
 
+def test_speedup_vs_premium_reads_both_json_layouts_and_fits_exactly(tmp_path, capsys):
+    """scripts/speedup_vs_premium.py: the premium is the rule's mean target call over plain
+    sampling's, read from a demo JSON and from bench_llm.py's nested one; files without the
+    rule or its call time are skipped; on points on a line the fit is that line, r = -1."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("svp", root / "scripts/speedup_vs_premium.py")
+    svp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(svp)
+
+    def demo(ar_ms, ms, speedup):
+        return {"autoregressive_target_call_ms": ar_ms,
+                "rules": {"block_feature": {"target_call_ms": ms, "block_efficiency": 1.5,
+                                            "speedup_vs_autoregressive": speedup}}}
+
+    (tmp_path / "a.json").write_text(json.dumps(demo(30.0, 31.5, 1.34)))            # flat
+    (tmp_path / "b.json").write_text(json.dumps({"demo": demo(30.0, 33.0, 1.28)}))  # nested
+    (tmp_path / "c.json").write_text(json.dumps(demo(30.0, 34.5, 1.22)))
+    (tmp_path / "d.json").write_text(json.dumps({"rules": {}}))                     # skipped
+    paths = sorted(tmp_path.glob("*.json"))
+    table = svp.rows(paths, "block_feature")
+    assert [(t[0], t[1]) for t in table] == [("a", 1.05), ("b", 1.1), ("c", 1.15)]
+    slope, icept, r = svp.fit([t[1] for t in table], [t[4] for t in table])
+    assert slope == pytest.approx(-1.2) and icept == pytest.approx(2.6) and r == pytest.approx(-1)
+    assert svp.main([str(p) for p in paths]) == 0
+    assert "at premium 1.00: 1.400x" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        svp.main([str(paths[-1])])                  # no file has the rule: a clear error
+
+
 def test_demo_picks_the_int8_target_and_gated_gamma_only_where_the_cpu_is_avx2():
     """``--target-quant auto`` and an unset ``--gamma``: the weight-only int8 target at gamma 2
     gated at a first-law peak of ``INT8_DRAFT_CONFIDENCE`` on a CPU whose best instruction set
