@@ -37,7 +37,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 def percentile(v: list[float], q: int) -> float:
-    return statistics.quantiles(v, n=100, method="inclusive")[int(q) - 1] if len(v) > 1 else v[0]
+    return statistics.quantiles(v, n=100, method="inclusive")[q - 1] if len(v) > 1 else v[0]
 
 
 def main(argv: list[str] | None = None) -> int:
