@@ -42,7 +42,7 @@ def percentile(v: list[float], q: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-    from transformers import DynamicCache
+    from ab_common import TargetStep
 
     from coupling.llm import models
 
@@ -77,21 +77,13 @@ def main(argv: list[str] | None = None) -> int:
 
     for m in linears:
         m._avx2 = timed(m._avx2)
-    gen = torch.Generator().manual_seed(0)
-    cache = DynamicCache(config=target.config)
-    with torch.no_grad():
-        target(input_ids=torch.randint(0, 49152, (1, args.context), generator=gen), cache=cache,
-               use_cache=True)
+    # one cache per row count, each holding the same random context (seed 0)
+    steps = {n: TargetStep(new=n, ctx=args.context, model=target) for n in rows}
 
     def call(n: int) -> tuple[float, float]:
-        ids = torch.randint(0, 49152, (1, n), generator=gen)
         kernel_s[0] = 0.0
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            target(input_ids=ids, cache=cache, use_cache=True)
-        dt = time.perf_counter() - t0
-        cache.crop(-n)
-        return dt, kernel_s[0]
+        ms = steps[n].time_ms()
+        return ms, 1e3 * kernel_s[0]
 
     for n in rows:                                             # warm-up
         call(n)
@@ -99,9 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     kernel: dict[int, list[float]] = {n: [] for n in rows}
     for r in range(args.rounds):
         for n in rows[r % len(rows):] + rows[: r % len(rows)]:
-            dt, kt = call(n)
-            total[n].append(1e3 * dt)
-            kernel[n].append(1e3 * kt)
+            ms, kernel_ms = call(n)
+            total[n].append(ms)
+            kernel[n].append(kernel_ms)
     med = {n: statistics.median(total[n]) for n in rows}
     kmed = {n: statistics.median(kernel[n]) for n in rows}
     rest = {n: statistics.median([t - k for t, k in zip(total[n], kernel[n], strict=True)])
