@@ -54,7 +54,8 @@ def demo_laws(k: int, g: int, V: int, cfg, gen):
 
 
 def rotated_runs(target, prompts: Sequence[list[int]], groups: Sequence[Sequence[Method]], *,
-                 cfg, max_new_tokens: int, eos_token_id: int | None) -> dict[str, list[float]]:
+                 cfg, max_new_tokens: int, eos_token_id: int | None,
+                 seed: int = 0) -> dict[str, list[float]]:
     from coupling.llm import engine as E
 
     tot: dict[str, list[float]] = {}
@@ -66,7 +67,8 @@ def rotated_runs(target, prompts: Sequence[list[int]], groups: Sequence[Sequence
             t[i] += v
 
     for i, p in enumerate(prompts):
-        kw = dict(max_new_tokens=max_new_tokens, cfg=cfg, seed=i, eos_token_id=eos_token_id)
+        kw = dict(max_new_tokens=max_new_tokens, cfg=cfg, seed=seed + i,
+                  eos_token_id=eos_token_id)
         add("autoregressive", E.autoregressive(target, p, **kw))
         for group in list(groups[i % len(groups):]) + list(groups[: i % len(groups)]):
             for name, run in group:
@@ -86,16 +88,18 @@ def print_table(tot: dict[str, list[float]], label: str, width: int) -> None:
               f"{1e3 * ts / c:14.1f} {1e3 * ds / c:13.2f} {1e3 * (s - ts - ds) / c:13.2f}")
 
 
-def int8_target(kernel: str):
+def int8_target(kernel: str, activations: str = "float"):
     """The bf16 target with weight-only int8 layers built on ``kernel`` (``"torch"`` or
-    ``"avx2"``, :mod:`coupling.llm.int8_kernel`). The setting is read as each layer is built, so
-    it is set here, before. Check ``target.lm_head.kernel``: ``"avx2"`` may be unavailable."""
+    ``"avx2"``, :mod:`coupling.llm.int8_kernel`), their inputs as they are (``"float"``) or
+    rounded to int16 per row (``"int16"``: the ``w8a16`` target). The setting is read as each
+    layer is built, so it is set here, before. Check ``target.lm_head.kernel``: ``"avx2"`` may
+    be unavailable."""
     import os
 
     from coupling.llm import int8_kernel, models
 
     os.environ[int8_kernel.ENV] = kernel
-    return models.quantize_target_int8(models.load_target("bfloat16"))
+    return models.quantize_target_int8(models.load_target("bfloat16"), activations)
 
 
 class TargetStep:

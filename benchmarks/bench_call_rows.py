@@ -19,10 +19,15 @@ Printed per n: the call's 10th / 50th / 90th percentiles, the kernel's and the r
 and each one's change from n = 1. Timers add about a microsecond to each of the 211 products,
 the same for every n.
 
+``--activations float,int16`` builds one target per setting (``int16``: the ``w8a16`` target,
+each product's input rows rounded to int16 and summed in integers, ``int8_kernel.int16_rows``)
+and interleaves all their calls, so the two kernels are timed in the same minutes.
+
 Usage::
 
     python benchmarks/bench_call_rows.py --threads 2
     python benchmarks/bench_call_rows.py --threads 2 --context 300 --rows 1,2,3,5
+    python benchmarks/bench_call_rows.py --threads 2 --context 90 --activations float,int16
 """
 
 from __future__ import annotations
@@ -51,15 +56,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--context", type=int, default=150)
     ap.add_argument("--rows", type=str, default="1,2,3")
     ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--activations", type=str, default="float",
+                    help="comma-separated: float (the int8 target), int16 (the w8a16 target)")
     args = ap.parse_args(argv)
     rows = [int(r) for r in args.rows.split(",")]
+    acts = args.activations.split(",")
     if args.threads < 1 or args.context < 1 or args.rounds < 2 or min(rows) < 1:
         ap.error("--threads, --context and every --rows entry must be >= 1, --rounds >= 2")
+    if not set(acts) <= {"float", "int16"}:
+        ap.error(f"--activations {args.activations}: use float and/or int16")
     torch.set_num_threads(args.threads)
-    target = models.load_target("bfloat16")
-    models.quantize_target_int8(target)
-    linears = [m for m in target.modules() if isinstance(m, models.Int8Linear)]
-    kernels = {m.kernel for m in linears}
+    targets = {a: models.quantize_target_int8(models.load_target("bfloat16"), a) for a in acts}
+    linears = {a: [m for m in t.modules() if isinstance(m, models.Int8Linear)]
+               for a, t in targets.items()}
+    kernels = {m.kernel for ms in linears.values() for m in ms}
     if kernels != {"avx2"}:
         print(f"the int8 products take {sorted(kernels)} here, not this package's AVX2 kernel: "
               "nothing to split")
@@ -75,38 +85,43 @@ def main(argv: list[str] | None = None) -> int:
             return y
         return product
 
-    for m in linears:
-        m._avx2 = timed(m._avx2)
-    # one cache per row count, each holding the same random context (seed 0)
-    steps = {n: TargetStep(new=n, ctx=args.context, model=target) for n in rows}
+    for ms in linears.values():
+        for m in ms:
+            m._avx2 = timed(m._avx2)
+    # one cache per (target, row count), each holding the same random context (seed 0)
+    cells = [(a, n) for a in acts for n in rows]
+    steps = {(a, n): TargetStep(new=n, ctx=args.context, model=targets[a]) for a, n in cells}
 
-    def call(n: int) -> tuple[float, float]:
+    def call(cell: tuple[str, int]) -> tuple[float, float]:
         kernel_s[0] = 0.0
-        ms = steps[n].time_ms()
+        ms = steps[cell].time_ms()
         return ms, 1e3 * kernel_s[0]
 
-    for n in rows:                                             # warm-up
-        call(n)
-    total: dict[int, list[float]] = {n: [] for n in rows}
-    kernel: dict[int, list[float]] = {n: [] for n in rows}
+    for cell in cells:                                         # warm-up
+        call(cell)
+    total: dict[tuple[str, int], list[float]] = {c: [] for c in cells}
+    kernel: dict[tuple[str, int], list[float]] = {c: [] for c in cells}
     for r in range(args.rounds):
-        for n in rows[r % len(rows):] + rows[: r % len(rows)]:
-            ms, kernel_ms = call(n)
-            total[n].append(ms)
-            kernel[n].append(kernel_ms)
-    med = {n: statistics.median(total[n]) for n in rows}
-    kmed = {n: statistics.median(kernel[n]) for n in rows}
-    rest = {n: statistics.median([t - k for t, k in zip(total[n], kernel[n], strict=True)])
-            for n in rows}
-    n0 = rows[0]
-    print(f"int8 target (bf16 activations, {len(linears)} int8 products a call), context "
-          f"{args.context}, {args.threads} thread(s), {args.rounds} rounds, ms per call")
-    print(f"{'rows':>4} {'p10':>7} {'p50':>7} {'p90':>7} {'vs ' + str(n0):>7} | {'kernel':>7} "
-          f"{'+':>6} | {'rest':>7} {'+':>6}")
-    for n in rows:
-        print(f"{n:>4} {percentile(total[n], 10):>7.2f} {med[n]:>7.2f} "
-              f"{percentile(total[n], 90):>7.2f} {med[n] / med[n0]:>6.3f}x | {kmed[n]:>7.2f} "
-              f"{kmed[n] - kmed[n0]:>+6.2f} | {rest[n]:>7.2f} {rest[n] - rest[n0]:>+6.2f}")
+        for cell in cells[r % len(cells):] + cells[: r % len(cells)]:
+            ms, kernel_ms = call(cell)
+            total[cell].append(ms)
+            kernel[cell].append(kernel_ms)
+    med = {c: statistics.median(total[c]) for c in cells}
+    kmed = {c: statistics.median(kernel[c]) for c in cells}
+    rest = {c: statistics.median([t - k for t, k in zip(total[c], kernel[c], strict=True)])
+            for c in cells}
+    n0, a0 = rows[0], acts[0]
+    print(f"int8 targets (bf16 activations into the products, {len(linears[a0])} int8 products "
+          f"a call), context {args.context}, {args.threads} thread(s), {args.rounds} rounds, "
+          "ms per call")
+    print(f"{'products':<9}{'rows':>4} {'p10':>7} {'p50':>7} {'p90':>7} {'vs ' + str(n0):>7} "
+          f"{'vs ' + a0:>9} | {'kernel':>7} {'+':>6} | {'rest':>7} {'+':>6}")
+    for a, n in cells:
+        c, c0 = (a, n), (a, n0)
+        print(f"{a:<9}{n:>4} {percentile(total[c], 10):>7.2f} {med[c]:>7.2f} "
+              f"{percentile(total[c], 90):>7.2f} {med[c] / med[c0]:>6.3f}x "
+              f"{med[c] / med[(a0, n)]:>8.3f}x | {kmed[c]:>7.2f} {kmed[c] - kmed[c0]:>+6.2f} | "
+              f"{rest[c]:>7.2f} {rest[c] - rest[c0]:>+6.2f}")
     return 0
 
 

@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated sizes of the draft head's token subset "
                          "(default models.DRAFT_HEAD_TOKENS)")
     ap.add_argument("--gamma", type=int, default=2)
-    ap.add_argument("--target-quant", choices=("none", "int8"), default="none")
+    ap.add_argument("--target-quant", choices=("none", "int8", "w8a16"), default="none")
     add_run_args(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -62,8 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                 scale = None if s == "stored" else float(s)
                 d = load_feature_draft(target, path, head_tokens=h, int8=True, logit_scale=scale)
                 variants[f"{path.name} s={d.logit_scale:g} head={h}"] = d
-    if args.target_quant == "int8":
-        models.quantize_target_int8(target)     # after the drafts took the shared tensors
+    models.quantize_target(target, args.target_quant)   # after the drafts took what they share
     rules = args.rules.split(",")
     groups = [[(f"{name} {rule}",
                 lambda p, kw, d=variants[name], rule=rule: E.generate(

@@ -39,6 +39,13 @@ Usage::
 ``--dtypes bfloat16,float32`` runs every method, autoregressive sampling included, with the
 target's (and its draft's) activations in each dtype; the int8 kernel computes in float32
 whatever the activations, so this isolates what the activations' dtype costs around it.
+``--target-quant int8,w8a16`` does the same for two targets: the weight-only int8 target and
+the one whose products round their input rows to int16 (``models.quantize_target_int8(t,
+"int16")``), each method's ratio against the first target's plain sampling, and each target's
+plain sampling timed in the same process::
+
+    python benchmarks/bench_gamma.py --target-quant int8,w8a16 --threads 2 --gammas 2@0.8 \
+        --rules block
 """
 
 from __future__ import annotations
@@ -67,11 +74,18 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated rules; rule:k for k branches (multi-draft rules)")
     ap.add_argument("--predict", choices=("off", "on", "both"), default="off",
                     help="run the engine with the demo's per-step analysis (predict=True)")
-    ap.add_argument("--target-quant", choices=("none", "int8"), default="none")
+    ap.add_argument("--target-quant", type=str, default="none",
+                    help="comma-separated targets among none, int8, w8a16 "
+                         "(models.TARGET_QUANTS): every method for each, ratios against the "
+                         "first one's plain sampling")
     ap.add_argument("--dtypes", type=str, default="bfloat16",
                     help="comma-separated activation dtypes of the target (and its draft), "
                          "e.g. bfloat16,float32: every method, autoregressive sampling "
                          "included, for each; ratios against the first dtype's")
+    ap.add_argument("--seeds", type=str, default="0",
+                    help="comma-separated base seeds (prompt i runs with seed base + i): one "
+                         "pass over the prompts per base, a table per pass and one pooled over "
+                         "all of them")
     ap.add_argument("--native-laws", choices=("on", "off", "both"), default="on",
                     help="the compiled sampling laws and draws (sampling.native_laws); both: "
                          "every method, autoregressive included, also with the Python path")
@@ -79,15 +93,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    dtypes = args.dtypes.split(",")
-    pairs = {}                                   # dtype -> (target, its feature draft)
-    for dt in dtypes:
+    quants = args.target_quant.split(",")
+    if not set(quants) <= {"none", *models.TARGET_QUANTS}:
+        ap.error(f"--target-quant {args.target_quant}: choose among none, "
+                 f"{', '.join(models.TARGET_QUANTS)}")
+    variants = [(dt, q) for dt in args.dtypes.split(",") for q in quants]
+    pairs = {}                                   # (dtype, quant) -> (target, its feature draft)
+    for dt, q in variants:
         t = models.load_target(dt)
         d = load_feature_draft(t, head_tokens=models.DRAFT_HEAD_TOKENS, int8=True)
-        if args.target_quant == "int8":
-            models.quantize_target_int8(t)
-        pairs[dt] = (t, d)
-    target, draft = pairs[dtypes[0]]
+        if q != "none":
+            models.quantize_target_int8(t, models.TARGET_QUANTS[q])
+        pairs[dt, q] = (t, d)
+    target, draft = pairs[variants[0]]
     tok, cfg, prompts = demo_prompts(args.prompts)
     sampling.native_laws(args.native_laws != "off")
 
@@ -101,14 +119,16 @@ def main(argv: list[str] | None = None) -> int:
                 sampling.native_laws(before)
         return go
 
-    def method(rule: str, k: int, gamma: int, conf: float | None, predict: bool, dt: str):
-        t, d = pairs[dt]
+    def method(rule: str, k: int, gamma: int, conf: float | None, predict: bool, v):
+        t, d = pairs[v]
         return lambda p, kw: E.generate(t, FeatureDrafter(d), p, rule=rule, k=k,
                                         gamma=gamma, predict=predict, draft_confidence=conf,
                                         **kw)
 
-    def tag(dt: str) -> str:
-        return f"{dt} " if len(dtypes) > 1 else ""
+    def tag(v) -> str:
+        dt, q = v
+        return " ".join(([dt] if len({d for d, _ in variants}) > 1 else [])
+                        + ([q] if len(quants) > 1 else []) + [""])
 
     def length(spec: str) -> tuple[int, float | None]:
         g, _, c = spec.partition("@")
@@ -118,29 +138,39 @@ def main(argv: list[str] | None = None) -> int:
              for r in args.rules.split(",")]
     modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.predict]
     # one group per method: the order of all of them rotates from prompt to prompt
-    groups = [[(f"{tag(dt)}gamma={g}{f'@{c:g}' if c is not None else ''} {rule}"
+    groups = [[(f"{tag(v)}gamma={g}{f'@{c:g}' if c is not None else ''} {rule}"
                 f"{f' k={k}' if k > 1 else ''}"
                 f"{' predict' if pr and args.predict == 'both' else ''}",
-                method(rule, k, g, c, pr, dt))]
-              for dt in dtypes
+                method(rule, k, g, c, pr, v))]
+              for v in variants
               for g, c in map(length, args.gammas.split(",")) for rule, k in rules
               for pr in modes]
-    groups += [[(f"autoregressive {dt}",
-                 lambda p, kw, t=pairs[dt][0]: E.autoregressive(t, p, **kw))]
-               for dt in dtypes[1:]]
+    groups += [[(f"autoregressive {tag(v)}".rstrip(),
+                 lambda p, kw, t=pairs[v][0]: E.autoregressive(t, p, **kw))]
+               for v in variants[1:]]
     if args.native_laws == "both":
         groups = [[(f"{name} python-laws", with_laws(False, run))]
                   for grp in groups for name, run in grp] + groups + [
             [("autoregressive python-laws",
               with_laws(False, lambda p, kw: E.autoregressive(target, p, **kw)))]]
-    tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
-                       eos_token_id=tok.eos_token_id)
-    print(f"feature draft (int8, {models.DRAFT_HEAD_TOKENS}-token head, "
-          f"s = {draft.logit_scale:g}), target {'/'.join(dtypes)}"
-          f"{' + int8 weights' if args.target_quant == 'int8' else ''}, {len(prompts)} prompts"
-          f" x {args.max_new_tokens} tokens, {args.threads} thread(s), "
-          f"native laws {args.native_laws}")
-    print_table(tot, "method", max(16, *(len(name) for grp in groups for name, _ in grp)))
+    width = max(16, *(len(name) for grp in groups for name, _ in grp))
+    seeds = [int(s) for s in args.seeds.split(",")]
+    pooled: dict[str, list[float]] = {}
+    for base in seeds:
+        tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
+                           eos_token_id=tok.eos_token_id, seed=base)
+        print(f"feature draft (int8, {models.DRAFT_HEAD_TOKENS}-token head, "
+              f"s = {draft.logit_scale:g}), targets {', '.join(' '.join(v) for v in variants)} "
+              f"(first: the baseline), {len(prompts)} prompts"
+              f" x {args.max_new_tokens} tokens, seeds {base}..{base + len(prompts) - 1}, "
+              f"{args.threads} thread(s), native laws {args.native_laws}", flush=True)
+        print_table(tot, "method", width)
+        for name, row in tot.items():
+            before = pooled.get(name, [0] * len(row))
+            pooled[name] = [a + b for a, b in zip(before, row, strict=True)]
+    if len(seeds) > 1:
+        print(f"\npooled over the {len(seeds)} passes (seeds {args.seeds})")
+        print_table(pooled, "method", width)
     return 0
 
 

@@ -52,8 +52,7 @@ def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9,
     small = models.load_draft(target, head_tokens=head_tokens) if head_tokens else None
     fd = (FD.load_feature_draft(target, head_tokens=head_tokens)
           if FD.FEATURE_DRAFT_WEIGHTS.is_file() else None)
-    if target_quant == "int8":
-        models.quantize_target_int8(target)        # after the drafts took what they share
+    models.quantize_target(target, target_quant)   # after the drafts took what they share
     g = torch.Generator().manual_seed(0)
 
     def med(model, B, n):
@@ -125,7 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_costs:
         costs = step_costs(dargs.dtype, head_tokens=dargs.draft_head,
                            target_quant=dargs.target_quant)
-        quant = ", weight-only int8 target" if dargs.target_quant == "int8" else ""
+        from coupling.llm.models import TARGET_QUANT_LABELS
+
+        label = TARGET_QUANT_LABELS[dargs.target_quant]
+        quant = f", target {label}" if label else ""
         print(f"step costs (median ms, context 100, {dargs.dtype}{quant}, "
               f"{torch_threads()} threads):")
         for kind in ("target_ms", "draft_ms"):

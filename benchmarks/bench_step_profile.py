@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-confidence", type=float, default=None,
                     help="gamma tokens only where the draft's first law peaks at this or more "
                          "(generate(draft_confidence=); the demo runs --gamma 2 at 0.8)")
-    ap.add_argument("--target-quant", choices=("none", "int8"), default="none")
+    ap.add_argument("--target-quant", choices=("none", "int8", "w8a16"), default="none")
     ap.add_argument("--head-tokens", type=int, default=None,
                     help="the feature draft's head subset (default models.DRAFT_HEAD_TOKENS)")
     add_run_args(ap)
@@ -71,8 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     target = models.load_target("bfloat16")
     head = models.DRAFT_HEAD_TOKENS if args.head_tokens is None else args.head_tokens
     draft = FD.load_feature_draft(target, head_tokens=head, int8=True)
-    if args.target_quant == "int8":
-        models.quantize_target_int8(target)
+    models.quantize_target(target, args.target_quant)
     tok, cfg, prompts = demo_prompts(args.prompts)
     kw = dict(max_new_tokens=args.max_new_tokens, cfg=cfg, eos_token_id=tok.eos_token_id,
               rule=args.rule, gamma=args.gamma, k=args.k, draft_confidence=args.draft_confidence)
@@ -110,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     gate = "" if args.draft_confidence is None else f" gated at {args.draft_confidence}"
     print(f"rule {args.rule}, k {args.k}, gamma {args.gamma}{gate}, "
           f"feature draft (int8, {head}-token head), "
-          f"target bf16{' + int8 weights' if args.target_quant == 'int8' else ''}, "
+          f"target bf16{', ' if args.target_quant != 'none' else ''}"
+          f"{models.TARGET_QUANT_LABELS[args.target_quant]}, "
           f"{len(prompts)} prompts x {args.max_new_tokens} tokens, {args.threads} thread(s)")
     print(f"{n} target calls, block efficiency {tot[0] / n:.3f}; per call: "
           f"step {1000 * tot[1] / n:.2f} ms = target {1000 * tot[3] / n:.2f} + draft forward "

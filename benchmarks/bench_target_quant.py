@@ -27,6 +27,10 @@ head, shared by its query heads) and into up_proj's rows before down_proj; ``max
 target-generated text after demo prompts 5-8 (disjoint from the text the TV is measured on).
 The LM head stays float32 in both.
 
+Where the AVX2 kernel builds, the ``w8a16`` target runs too: the same int8 weights, each
+product's input rows rounded to int16 on their own scales and summed in integers
+(``models.quantize_target_int8(t, "int16")``, ``coupling demo``'s default on an AVX2 CPU).
+
 Usage::
 
     python benchmarks/bench_target_quant.py --threads 1
@@ -147,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     avx2 = int8_target("avx2")
     if avx2.lm_head.kernel == "avx2":
         targets["  the same, AVX2 kernel"] = avx2
+        targets["  w8a16, AVX2 kernel"] = int8_target("avx2", "int16")
     else:
         print(f"no AVX2 int8 kernel here: {int8_kernel.status()}")
     if args.dynamic:

@@ -21,8 +21,13 @@ Both drafts run with the calibrated logit scales stored with their weights
 ``--head-tokens 2048,4096,8192`` reports each size of the drafts' head subset (the demo runs
 ``models.DRAFT_HEAD_TOKENS``) on the same texts.
 
+``--target-quant int8,w8a16`` quantizes the target (``models.quantize_target``, after its drafts
+took what they share), one target per entry: the texts are the first one's answers, and every
+target's overlap is reported on those same texts, so two targets are compared without the
+luck of their own sampled answers.
+
 Usage: ``python scripts/draft_overlap.py [--prompts 8] [--tokens 96] [--corpus PATH --n 16]
-[--int8] [--logit-scale 1] [--head-tokens 4096,8192]``
+[--int8] [--logit-scale 1] [--head-tokens 4096,8192] [--target-quant int8,w8a16]``
 """
 
 from __future__ import annotations
@@ -87,10 +92,20 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", type=str, default="bfloat16",
                     help="the target's dtype, which its drafts take too (float32: the feature "
                          "draft then reads float32 features; it was trained on bf16 ones)")
+    ap.add_argument("--target-quant", type=str, default="none",
+                    help="comma-separated targets among none, int8, w8a16 "
+                         "(models.quantize_target), each reported on the first one's texts")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
+    quants = args.target_quant.split(",")
+    if not set(quants) <= {"none", *models.TARGET_QUANTS}:
+        ap.error(f"--target-quant {args.target_quant}: choose among none, "
+                 f"{', '.join(models.TARGET_QUANTS)}")
+    if len(quants) > 1:
+        return compare_targets(args, quants)
 
     target = models.load_target(args.dtype)
+    models.quantize_target(target, quants[0])   # drafts built below keep the shared head
     tok = models.load_tokenizer()
 
     def drafts(head: int):
@@ -105,12 +120,7 @@ def main(argv=None) -> int:
     token_draft, feature_draft = drafts(heads[0])
     print(f"logit scales: token-level draft {token_draft.coupling_logit_scale:g}, "
           f"feature draft {feature_draft.logit_scale:g}")
-    texts = []
-    for j, text in enumerate(demo.load_prompts()[: args.prompts]):
-        prompt = models.chat_prompt(tok, text)
-        res = E.autoregressive(target, prompt, max_new_tokens=args.tokens, cfg=CFGS["demo"],
-                               seed=j)
-        texts.append((torch.tensor(prompt + res.tokens), len(prompt)))
+    texts = demo_texts(target, tok, args)
     corpora = [(path, torch.load(path)[: args.n]) for path in args.corpus]
     for i, head in enumerate(heads):
         if i:
@@ -120,6 +130,38 @@ def main(argv=None) -> int:
         for path, data in corpora:
             report(f"{tag}corpus {path.name}", target, token_draft, feature_draft,
                    [(s["ids"], s["n_prompt"]) for s in data])
+    return 0
+
+
+def demo_texts(target, tok, args) -> list:
+    """The target's answers to the first ``--prompts`` demo prompts (demo settings, seed =
+    prompt index): [(ids, prompt length)]."""
+    texts = []
+    for j, text in enumerate(demo.load_prompts()[: args.prompts]):
+        prompt = models.chat_prompt(tok, text)
+        res = E.autoregressive(target, prompt, max_new_tokens=args.tokens, cfg=CFGS["demo"],
+                               seed=j)
+        texts.append((torch.tensor(prompt + res.tokens), len(prompt)))
+    return texts
+
+
+def compare_targets(args, quants: list[str]) -> int:
+    """Each target of ``quants`` with its own drafts, all on the first target's texts."""
+    head = int((args.head_tokens or str(models.DRAFT_HEAD_TOKENS)).split(",")[0])
+    tok = models.load_tokenizer()
+    runs = []
+    for q in quants:
+        target = models.load_target(args.dtype)
+        token_draft = models.load_draft(target, head_tokens=head, logit_scale=args.logit_scale)
+        if args.int8:
+            models.quantize_draft_int8(token_draft)
+        feature_draft = FD.load_feature_draft(target, head_tokens=head, int8=args.int8,
+                                              logit_scale=args.logit_scale)
+        runs.append((q, models.quantize_target(target, q), token_draft, feature_draft))
+    texts = demo_texts(runs[0][1], tok, args)
+    for q, target, token_draft, feature_draft in runs:
+        report(f"target {q}: demo prompts, {quants[0]}'s answers", target, token_draft,
+               feature_draft, texts)
     return 0
 
 

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=7, help="prompt sampling seed (demo: none)")
-    ap.add_argument("--target-quant", choices=("none", "int8"), default="int8")
+    ap.add_argument("--target-quant", choices=("none", "int8", "w8a16"), default="int8")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--step-ms", type=float, default=35.7,
                     help="a gamma = 1 step, ms (stop 22, int8 target, 2 threads: 35.7)")
@@ -110,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     target = models.load_target("bfloat16")
     draft = FD.load_feature_draft(target, head_tokens=models.DRAFT_HEAD_TOKENS, int8=True)
-    if args.target_quant == "int8":
-        models.quantize_target_int8(target)
+    models.quantize_target(target, args.target_quant)
     tok = models.load_tokenizer()
     cfg = SamplingConfig(0.7, 50, 0.95)                  # the demo's settings
     texts = train_draft.diverse_prompts(args.prompts, args.seed,

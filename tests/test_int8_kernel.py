@@ -212,3 +212,157 @@ def test_status_follows_the_setting_back_and_forth(mm, monkeypatch):
     assert int8_kernel.kernel() is None and int8_kernel.status().startswith("torch (")
     monkeypatch.setenv(int8_kernel.ENV, "avx2")
     assert int8_kernel.kernel() is mm and int8_kernel.status() == "avx2"
+
+
+# ---- int16 activations: int8_mm_i16, the w8a16 target's product ----
+
+@pytest.fixture(scope="module")
+def mm16():
+    fn = int8_kernel.kernel("int16")
+    if fn is None:
+        pytest.skip(f"AVX2 int8 kernel unavailable: {int8_kernel.status()}")
+    return fn
+
+
+def integer_reference(x: torch.Tensor, w: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """float32(exact sum of xq * w) * (t * s): int8_mm_i16 to the last bit (int16_rows' xq are
+    integers below 2^15 and w's below 2^7, so the float64 product is exact)."""
+    xq, t = int8_kernel.int16_rows(x)
+    return (xq.double() @ w.double().T).float() * (t[:, None] * s[None, :])
+
+
+def heavy_tailed(m: int, k: int, seed: int) -> torch.Tensor:
+    """Rows with a few columns 20-50 times the rest, as a transformer's activations have."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(m, k, generator=g) * torch.exp(1.5 * torch.randn(k, generator=g))
+
+
+def test_int16_levels_keep_every_sum_inside_int32():
+    assert int8_kernel.int16_levels(576) == 29127 and int8_kernel.int16_levels(1536) == 10922
+    assert int8_kernel.int16_levels(16) == 32767
+    for k in (16, 576, 1152, 1536, 8192, 49152):
+        assert k * 128 * int8_kernel.int16_levels(k) <= 2 ** 31 - 1
+    with pytest.raises(ValueError, match="in_features=0"):
+        int8_kernel.int16_levels(0)
+    with pytest.raises(ValueError, match="activations='int4': choose one of float, int16"):
+        int8_kernel.kernel("int4")
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 9), k16=st.integers(1, 40), seed=st.integers(0, 2**16))
+def test_int16_rows_round_each_row_on_its_own_scale(m, k16, seed):
+    k = 16 * k16
+    x = heavy_tailed(m, k, seed)
+    x[0] = 0.0                                         # a zero row: t = 0, xq = 0
+    xq, t = int8_kernel.int16_rows(x)
+    A = int8_kernel.int16_levels(k)
+    assert torch.equal(xq, torch.round(xq)) and float(xq.abs().max()) <= A
+    assert float(t[0]) == 0.0 and not xq[0].any()
+    assert torch.equal(xq[1:].abs().amax(1), torch.full((m - 1,), float(A)))  # the max hits A
+    err = (xq * t[:, None] - x).abs()
+    assert bool((err <= 0.5 * t[:, None] * (1 + 1e-5) + 1e-30).all())
+    back = int8_kernel.round_rows_int16(x.bfloat16())
+    assert back.dtype == torch.bfloat16
+    bad = x.clone()
+    bad[-1, 0] = float("inf")
+    assert torch.isnan(int8_kernel.int16_rows(bad)[1][-1])
+    assert torch.equal(int8_kernel.round_rows_int16(bad)[-1], bad[-1])
+
+
+@pytest.mark.parametrize("n,k", [(1, 16), (7, 48), (13, 576), (192, 576), (61, 1536)])
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 6, 7, 13])
+def test_int16_kernel_equals_its_integer_reference_bit_for_bit(mm16, n, k, m):
+    w, s = quantized(n, k, seed=n + k + m)
+    x = heavy_tailed(m, k, seed=m)
+    y = mm16(x, w, s)
+    assert y.dtype == torch.float32 and y.shape == (m, n)
+    assert torch.equal(y, integer_reference(x, w, s))
+    # and the float product up to the rounding of x, which moves it less than rounding x to
+    # bf16 does (the demo's activations are bf16 before they reach the kernel)
+    ref = reference(x, w, s)
+    bf16_error = float((reference(x.bfloat16().float(), w, s) - ref).norm())
+    assert float((y.double() - ref).norm()) <= 0.75 * bf16_error
+    yb = mm16(x.bfloat16(), w, s)
+    assert yb.dtype == torch.bfloat16
+    assert torch.equal(yb, mm16(x.bfloat16().float(), w, s).bfloat16())
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 14), n=st.integers(1, 40), k16=st.integers(1, 8),
+       row=st.integers(0, 10), seed=st.integers(0, 2**16))
+def test_int16_kernel_rows_do_not_depend_on_the_rows_beside_them(m, n, k16, row, seed):
+    fn = int8_kernel.kernel("int16")
+    if fn is None:
+        pytest.skip(int8_kernel.status())
+    k = 16 * k16
+    w, s = quantized(n, k, seed)
+    x = heavy_tailed(m, k, seed).bfloat16()
+    row = row % m
+    alone = fn(x[row:row + 1], w, s)[0]
+    assert torch.equal(fn(x, w, s)[row], alone)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(fn(x, w, s)[row], alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_int16_kernel_passes_nan_and_inf_on_and_refuses_bad_shapes(mm16):
+    w, s = quantized(8, 32, 0)
+    x = torch.randn(3, 32)
+    x[1, 5] = float("nan")
+    y = mm16(x, w, s)
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all()
+    x[1, 5] = float("inf")
+    assert not torch.isfinite(mm16(x, w, s)[1]).any()
+    assert torch.equal(mm16(torch.zeros(2, 32), w, s), torch.zeros(2, 8))
+    with pytest.raises(RuntimeError, match="not a multiple of 16"):
+        mm16(torch.randn(2, 24), torch.zeros(8, 24, dtype=torch.int8), s)
+    with pytest.raises(RuntimeError, match="x has K = 16 columns, w has 32"):
+        mm16(torch.randn(2, 16), w, s)
+    with pytest.raises(RuntimeError, match="contiguous int8"):
+        mm16(x, w.float(), s)
+    with pytest.raises(RuntimeError, match="scale has 7 entries"):
+        mm16(x, w, s[:7].contiguous())
+    with pytest.raises(RuntimeError, match=r"x must be \[M, K\]"):
+        mm16(x[None], w, s)
+
+
+def test_int16_layers_agree_with_the_fallback_and_name_their_activations(mm16, monkeypatch):
+    """Int8Linear(activations="int16") on the AVX2 kernel and on torch's kernel after
+    round_rows_int16: the same rounded rows, sums within float rounding; a tiny Llama quantized
+    as w8a16 says so, and bad settings are refused by name."""
+    import copy
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(4)
+    lin = torch.nn.Linear(64, 40)
+    fast = models.Int8Linear.from_linear(lin, "int16")
+    x = heavy_tailed(5, 64, 1)
+    with torch.no_grad():
+        a = fast(x)
+        assert torch.equal(a, integer_reference(x, fast.qweight, fast._scale_f32) + lin.bias)
+    cfg = LlamaConfig(vocab_size=48, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                      tie_word_embeddings=False)
+    base = LlamaForCausalLM(cfg).eval()
+    w8a16 = models.quantize_target_int8(copy.deepcopy(base), "int16")
+    assert w8a16.coupling_target_quant == "w8a16" and w8a16.lm_head.activations == "int16"
+    with pytest.raises(ValueError, match="already weight-only int8"):
+        models.quantize_target_int8(w8a16)
+    with pytest.raises(ValueError, match="activations='int8': choose one of float, int16"):
+        models.quantize_target_int8(copy.deepcopy(base), "int8")
+    with pytest.raises(ValueError, match="activations='half': choose one of float, int16"):
+        models.Int8Linear.from_linear(lin, "half")
+    monkeypatch.setenv(int8_kernel.ENV, "torch")
+    slow = models.Int8Linear.from_linear(lin, "int16")
+    assert (fast.kernel, slow.kernel) == ("avx2", "torch")
+    with torch.no_grad():
+        torch.testing.assert_close(slow(x), a, rtol=1e-5, atol=1e-5 * float(a.abs().max()))
+    w8a16_torch = models.quantize_target_int8(copy.deepcopy(base), "int16")
+    ids = torch.tensor([[3, 9, 1, 40, 7, 22]])
+    with torch.no_grad():
+        torch.testing.assert_close(w8a16(ids).logits, w8a16_torch(ids).logits,
+                                   atol=1e-4, rtol=1e-4)

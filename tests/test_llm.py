@@ -1671,7 +1671,7 @@ def test_demo_states_what_parallel_verification_cost():
     assert "--target-quant" not in cheap
     dear = verification_price(res(88.0, (1.38, 1.55)))
     assert "1.76x" in dear and "best such BE of this run, 1.55" in dear and "none of them" in dear
-    assert "--target-quant int8" in dear      # the way out on a CPU without native bf16
+    assert "--target-quant w8a16 or int8" in dear   # the way out on a CPU without native bf16
     quant = "int8"
     assert "--target-quant" not in verification_price(res(88.0, (1.38, 1.55)))
     assert verification_price({"rules": {}, "autoregressive_target_call_ms": 50.0}) is None
@@ -1744,15 +1744,15 @@ def test_speedup_vs_premium_reads_both_json_layouts_and_fits_exactly(tmp_path, c
 
 
 def test_demo_picks_the_int8_target_and_gated_gamma_only_where_the_cpu_is_avx2():
-    """``--target-quant auto`` and an unset ``--gamma``: the weight-only int8 target at gamma 2
-    gated at a first-law peak of ``INT8_DRAFT_CONFIDENCE`` on a CPU whose best instruction set
-    is AVX2 (no native bf16 products), the bf16 target at an ungated gamma 2 on an AVX-512 CPU
-    and on CUDA; explicit values are kept (an explicit gamma is not gated unless asked), and
-    each choice made here is said."""
+    """``--target-quant auto`` and an unset ``--gamma``: the int8-weight target with integer
+    sums (``w8a16``) at gamma 2 gated at a first-law peak of ``INT8_DRAFT_CONFIDENCE`` on a
+    CPU whose best instruction set is AVX2 (no native bf16 products), the bf16 target at an
+    ungated gamma 2 on an AVX-512 CPU and on CUDA; explicit values are kept (an explicit gamma
+    is not gated unless asked), and each choice made here is said."""
     from coupling.llm.demo import INT8_DRAFT_CONFIDENCE, _parser, auto_settings, resolve_auto
 
     quant, gamma, conf, why = auto_settings("cpu", "auto", None, capability="AVX2")
-    assert (quant, gamma, conf) == ("int8", 2, INT8_DRAFT_CONFIDENCE) == ("int8", 2, 0.8)
+    assert (quant, gamma, conf) == ("w8a16", 2, INT8_DRAFT_CONFIDENCE) == ("w8a16", 2, 0.8)
     assert len(why) == 2 and "AVX2" in why[0] and "0.8" in why[1]
     assert auto_settings("cpu", "auto", None, capability="AVX512")[:3] == ("none", 2, None)
     assert auto_settings("cuda", "auto", None)[:3] == ("none", 2, None)
@@ -1760,7 +1760,8 @@ def test_demo_picks_the_int8_target_and_gated_gamma_only_where_the_cpu_is_avx2()
     assert auto_settings("cpu", "int8", None, capability="AVX512")[:3] == ("int8", 2, 0.8)
     assert auto_settings("cpu", "int8", None, capability="AVX2",
                          draft_confidence=0.5)[:3] == ("int8", 2, 0.5)
-    assert auto_settings("cpu", "auto", 3, capability="AVX2")[:3] == ("int8", 3, None)
+    assert auto_settings("cpu", "w8a16", None, capability="AVX512")[:3] == ("w8a16", 2, 0.8)
+    assert auto_settings("cpu", "auto", 3, capability="AVX2")[:3] == ("w8a16", 3, None)
     assert auto_settings("cpu", "none", 2, capability="AVX2") == ("none", 2, None, [])
     args = _parser().parse_args(["--target-quant", "none", "--gamma", "4"])
     assert args.target_quant == "none" and args.gamma == 4
@@ -1772,8 +1773,8 @@ def test_demo_picks_the_int8_target_and_gated_gamma_only_where_the_cpu_is_avx2()
     args = _parser().parse_args([])
     assert (args.target_quant, args.gamma) == ("auto", None)
     resolve_auto(args)
-    assert args.target_quant in ("none", "int8") and args.gamma == 2 and args.auto
-    assert args.draft_confidence == (0.8 if args.target_quant == "int8" else None)
+    assert args.target_quant in ("none", "w8a16") and args.gamma == 2 and args.auto
+    assert args.draft_confidence == (0.8 if args.target_quant == "w8a16" else None)
     args.gamma = 5
     assert resolve_auto(args).gamma == 5                      # resolved once
 

@@ -211,11 +211,13 @@ def test_target_runs_grouped_sdpa_with_the_logits_of_plain_sdpa(real):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("activations", ["float", "int16"])
 @pytest.mark.parametrize("kernel", ["torch", "avx2"])
 def test_int8_target_stays_within_a_few_percent_of_the_float32_target(real, real32, kernel,
-                                                                     monkeypatch):
-    """The weight-only int8 target (demo --target-quant int8) on 60 positions of real text,
-    with torch's kernel and with the AVX2 one (coupling.llm.int8_kernel): its next-token laws
+                                                                     activations, monkeypatch):
+    """The weight-only int8 target (demo --target-quant int8) and the w8a16 one (its products'
+    input rows rounded to int16, integer sums) on 60 positions of real text, with torch's
+    kernel and with the AVX2 one (coupling.llm.int8_kernel): their next-token laws
     (the demo's sampling settings) are within TV 0.08 of the float32 target's on average
     (about 0.04 measured; bf16's own distance is about 0.015), so a broken kernel (garbage or
     NaN logits) or a quantized embedding would fail; and a 1-token call and the same position
@@ -226,7 +228,7 @@ def test_int8_target_stays_within_a_few_percent_of_the_float32_target(real, real
     if kernel == "avx2" and int8_kernel.kernel() is None:
         pytest.skip(int8_kernel.status())
     target, _, tok, prompt = real
-    q8 = models.quantize_target_int8(models.load_target("bfloat16"))
+    q8 = models.quantize_target_int8(models.load_target("bfloat16"), activations)
     assert {m.kernel for m in q8.modules() if isinstance(m, models.Int8Linear)} == {kernel}
     cfg = SamplingConfig(0.7, 50, 0.95)
     res = E.autoregressive(real32[0], prompt, max_new_tokens=60, cfg=cfg, seed=5)

@@ -18,6 +18,24 @@ rows and the thread split, so a row's result is bit for bit the same whether it 
 or with 50 others: a token's projections never depend on the tokens it is verified with (the
 model's attention kernel may still round differently in calls of different lengths).
 
+A second product, ``int8_mm_i16`` (:func:`kernel` with ``activations="int16"``), rounds each
+row of ``x`` to int16 on its own scale first and sums integer products exactly (AVX2's
+``vpmaddwd``), the scheme of :func:`int16_rows`:
+
+    y[m, n] = float(sum_k xq[m, k] * Wq[n, k]) * (t[m] * s[n]),   xq = round(x / t)
+
+The integer products need no float widening of the weights and issue about twice the
+multiply-adds per instruction, so on SmolLM2's 211 products one row costs about 0.97 and a row
+beyond the first about half what it costs in float32 (2 and 3 rows 1.05 and 1.14 times one row
+against 1.11 and 1.24); a whole target call costs 0.97x (1 token) and 0.92-0.95x (2-3 tokens)
+the float kernel's, and every decoding method of ``coupling demo`` runs 4-5% faster
+(``docs/RESULTS.md``, stop 28). It is another target: the rounding of ``x`` moves a product by
+about 1e-4 of its norm, less than rounding ``x`` to bf16 does, and the next-token laws are as
+far from the float32 target's as the float kernel's (TV 0.041 against 0.040).
+:class:`~coupling.llm.models.Int8Linear` runs it with ``activations="int16"``; where the
+extension is missing it applies :func:`round_rows_int16` before torch's product, so the
+numbers stay those of the scheme up to float rounding.
+
 The same extension holds two more things a CPU step would otherwise spend in small tensor
 operations: the int8 feature draft's whole step (:func:`feature_step`), and the sampling laws'
 fast path (:func:`function`: ``top_k_law``, the top-k / top-p law of a few logit rows;
@@ -131,12 +149,59 @@ def _extension():
     return (None, f"torch ({ENV}=torch)") if mode == "torch" else _compiled(mode == "avx2")
 
 
-def kernel():
-    """The AVX2 extension's ``int8_mm(x, w, scale)`` or None when torch's kernel is to be used
-    (:func:`status` says why)."""
+ACTIVATIONS = ("float", "int16")
+
+
+def kernel(activations: str = "float"):
+    """The AVX2 extension's product ``(x [M, K], w [N, K] int8, scale [N] float32) -> y [M, N]``
+    or None when torch's kernel is to be used (:func:`status` says why): ``int8_mm`` for
+    ``activations="float"``, ``int8_mm_i16`` (``x`` rounded per row, :func:`int16_rows`) for
+    ``"int16"``."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations={activations!r}: choose one of {', '.join(ACTIVATIONS)}")
     ext, why = _extension()
     _status["kernel"] = why
-    return None if ext is None else ext.int8_mm
+    if ext is None:
+        return None
+    return ext.int8_mm if activations == "float" else ext.int8_mm_i16
+
+
+def int16_levels(in_features: int) -> int:
+    """``A``, the largest ``|xq|`` of :func:`int16_rows` for rows of ``in_features`` entries:
+    ``min(32767, (2^31 - 1) // (128 K))``, so that ``sum_k xq_k w_k`` stays inside int32 for any
+    int8 ``w`` (SmolLM2: 29127 for K = 576, 10922 for K = 1536)."""
+    if in_features < 1:
+        raise ValueError(f"in_features={in_features}: must be at least 1")
+    return min(32767, (2 ** 31 - 1) // (128 * in_features))
+
+
+def int16_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of ``x`` [M, K] rounded to integers on its own scale: ``(xq, t)`` with
+    ``t[m] = max_k |x[m, k]| / A`` and ``xq = round(x / t)`` (half to even, as the kernel's
+    ``vcvtps2dq``), ``|xq| <= A = int16_levels(K)``; a zero row gives ``t = 0`` and ``xq = 0``.
+    The reference of ``int8_mm_i16``, computed in float32 as the kernel does (``x * (A / max)``)
+    so the integers are the kernel's. Rows with a NaN or an infinity are returned unchanged
+    with ``t = nan`` (the kernel sends such calls to the float product)."""
+    xf = x.float()
+    A = int16_levels(xf.shape[-1])
+    amax = xf.abs().amax(-1, keepdim=True)
+    finite = torch.isfinite(xf).all(-1, keepdim=True)
+    safe = torch.where((amax > 0) & finite, amax, torch.ones_like(amax))
+    inv = torch.tensor(float(A), dtype=torch.float32) / safe
+    xq = torch.round((xf * inv).clamp(-A, A))
+    xq = torch.where(finite, torch.where(amax > 0, xq, torch.zeros_like(xq)), xf)
+    t = torch.where(finite, torch.where(amax > 0, amax / A, torch.zeros_like(amax)),
+                    torch.full_like(amax, float("nan")))
+    return xq, t.squeeze(-1)
+
+
+def round_rows_int16(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with each row replaced by ``xq * t`` (:func:`int16_rows`), in ``x``'s dtype: what
+    ``int8_mm_i16`` multiplies, for the paths that run without the extension. Rows with a NaN
+    or an infinity are left as they are."""
+    xq, t = int16_rows(x)
+    bad = torch.isnan(t)
+    return torch.where(bad[:, None], x.float(), xq * t[:, None]).to(x.dtype)
 
 
 def status() -> str:

@@ -435,10 +435,22 @@ class Int8Linear(torch.nn.Module):
     kernel 1.2 / 1.2 / 1.3 / 2.1 from a 1.3x dearer row), and a row's result does not depend on
     the other rows of the call. ``kernel`` names the path taken: ``"avx2"``, ``"torch"``
     (``_weight_int8pack_mm``) or ``"dense"`` (the dequantised fallback).
+
+    ``activations="int16"`` multiplies each row of ``x`` rounded to int16 on its own scale
+    (``int8_kernel.int16_rows``) with exact integer sums (``int8_mm_i16``): on the AVX2 CPU a
+    second and third row cost about half what they cost in float32. Without the extension
+    the rounded rows (``int8_kernel.round_rows_int16``) go to torch's product.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 activations: str = "float") -> None:
         super().__init__()
+        from . import int8_kernel
+
+        if activations not in int8_kernel.ACTIVATIONS:
+            raise ValueError(f"activations={activations!r}: choose one of "
+                             f"{', '.join(int8_kernel.ACTIVATIONS)}")
+        self.activations = activations
         w = weight.detach().float()
         scale = w.abs().amax(1).clamp_min(torch.finfo(torch.float32).tiny) / 127.0
         self.out_features, self.in_features = w.shape
@@ -461,8 +473,8 @@ class Int8Linear(torch.nn.Module):
         return "avx2" if self._avx2 is not None else "torch" if self.dense is None else "dense"
 
     @classmethod
-    def from_linear(cls, lin: torch.nn.Linear) -> Int8Linear:
-        return cls(lin.weight, lin.bias)
+    def from_linear(cls, lin: torch.nn.Linear, activations: str = "float") -> Int8Linear:
+        return cls(lin.weight, lin.bias, activations)
 
     def dequantized(self) -> torch.Tensor:
         """The weight this layer multiplies by, [out, in], in the scales' dtype."""
@@ -485,7 +497,7 @@ class Int8Linear(torch.nn.Module):
 
         if self.in_features % 16 or self.qweight.device.type != "cpu":
             return None
-        fn = int8_kernel.kernel()
+        fn = int8_kernel.kernel(self.activations)
         if fn is None or not self._probe(lambda x: fn(x, self.qweight, self._scale_f32)):
             return None
         return fn
@@ -502,30 +514,36 @@ class Int8Linear(torch.nn.Module):
         x2 = x.reshape(-1, self.in_features).to(self.scale.dtype)
         if self._avx2 is not None and x2.is_cpu:
             y = self._avx2(x2, self.qweight, self._scale_f32)
-        elif self.dense is None:
-            x2 = x2.contiguous()
-            y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scale)
         else:
-            y = torch.nn.functional.linear(x2, self.dense)
+            if self.activations == "int16":
+                from .int8_kernel import round_rows_int16
+
+                x2 = round_rows_int16(x2)
+            if self.dense is None:
+                y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.qweight, self.scale)
+            else:
+                y = torch.nn.functional.linear(x2, self.dense)
         if self.bias is not None:
             y = y + self.bias
         return y.reshape(*lead, self.out_features)
 
 
-def quantize_linears_int8(module: torch.nn.Module, names: tuple[str, ...]) -> None:
+def quantize_linears_int8(module: torch.nn.Module, names: tuple[str, ...],
+                          activations: str = "float") -> None:
     """Replace the ``torch.nn.Linear`` attributes ``names`` of ``module`` by :class:`Int8Linear`
     (in place; shared modules must not be named here, or the target would change too)."""
     for name in names:
         lin = getattr(module, name)
         if not isinstance(lin, torch.nn.Linear):
             raise TypeError(f"{type(module).__name__}.{name} is {type(lin).__name__}, not Linear")
-        setattr(module, name, Int8Linear.from_linear(lin))
+        setattr(module, name, Int8Linear.from_linear(lin, activations))
 
 
-def quantize_layer_int8(layer: torch.nn.Module) -> None:
+def quantize_layer_int8(layer: torch.nn.Module, activations: str = "float") -> None:
     """Weight-only int8 for one Llama decoder layer's seven projections."""
-    quantize_linears_int8(layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj"))
-    quantize_linears_int8(layer.mlp, ("gate_proj", "up_proj", "down_proj"))
+    quantize_linears_int8(layer.self_attn, ("q_proj", "k_proj", "v_proj", "o_proj"),
+                          activations)
+    quantize_linears_int8(layer.mlp, ("gate_proj", "up_proj", "down_proj"), activations)
 
 
 def quantized_head_int8(head: torch.nn.Module) -> torch.nn.Module:
@@ -542,10 +560,30 @@ def quantized_head_int8(head: torch.nn.Module) -> torch.nn.Module:
     raise TypeError(f"cannot quantize a head of type {type(head).__name__}")
 
 
-def quantize_target_int8(target):
+TARGET_QUANTS = {"int8": "float", "w8a16": "int16"}   # the target's quant -> its activations
+TARGET_QUANT_LABELS = {"none": "", "int8": "weight-only int8",
+                       "w8a16": "int8 weights, activations rounded to int16 per row"}
+
+
+def quantize_target(target, quant: str):
+    """``quant`` ``"none"`` returns ``target`` as it is; ``"int8"`` and ``"w8a16"`` quantize it
+    in place by :func:`quantize_target_int8` with float or int16 activations. The
+    ``--target-quant`` of ``coupling demo`` and the benchmarks."""
+    if quant == "none":
+        return target
+    if quant not in TARGET_QUANTS:
+        raise ValueError(f"target quant {quant!r}: choose one of none, {', '.join(TARGET_QUANTS)}")
+    return quantize_target_int8(target, TARGET_QUANTS[quant])
+
+
+def quantize_target_int8(target, activations: str = "float"):
     """Weight-only int8 for the target's decoder projections and LM head (in place), the
     scheme of :class:`Int8Linear` (per-output-channel scales; activations stay in the model
-    dtype; embeddings and norms untouched). Returns ``target``.
+    dtype; embeddings and norms untouched). Returns ``target``, its ``coupling_target_quant``
+    set to ``"int8"``, or ``"w8a16"`` for ``activations="int16"``: every product's input rows
+    rounded to int16 on their own scales, with exact integer sums (:class:`Int8Linear`), which
+    on an AVX2 CPU makes a decoding call 3-5% and a 2-3 token verification call 4-8% cheaper
+    (``docs/RESULTS.md``, stop 28).
 
     Why: on a CPU without native bf16 arithmetic (AVX2 only, e.g. the AMD EPYC of
     2026-12-03/04), a bf16 or float32 product of a few rows costs about twice the one-row
@@ -561,12 +599,16 @@ def quantize_target_int8(target):
     ``load_feature_draft``): the head is replaced, not modified, so a draft holding the
     original head module keeps it; a decoder layer the draft shares *would* be quantized too.
     """
-    if getattr(target, "coupling_target_quant", None) == "int8":
+    if getattr(target, "coupling_target_quant", None) in TARGET_QUANTS:
         raise ValueError("target is already weight-only int8 (quantize_target_int8 ran on it)")
+    quant = {a: q for q, a in TARGET_QUANTS.items()}.get(activations)
+    if quant is None:
+        raise ValueError(f"activations={activations!r}: choose one of "
+                         f"{', '.join(TARGET_QUANTS.values())}")
     for layer in target.model.layers:
-        quantize_layer_int8(layer)
-    target.lm_head = Int8Linear.from_linear(target.lm_head)
-    target.coupling_target_quant = "int8"
+        quantize_layer_int8(layer, activations)
+    target.lm_head = Int8Linear.from_linear(target.lm_head, activations)
+    target.coupling_target_quant = quant
     return target
 
 

@@ -4,8 +4,9 @@
 # # 05 · Every rule on a real small LLM
 #
 # The target is SmolLM2-135M-Instruct (CPU, bf16; on a CPU whose best instruction set is AVX2,
-# the demo's default `--target-quant auto` gives it weight-only int8 projections, which score a
-# few tokens for about one decoding call there); the draft is the project's 1-layer
+# the demo's default `--target-quant auto` gives it int8 projections that round their input
+# rows to int16 and sum in integers, `w8a16`, which score a few tokens for about one decoding
+# call there); the draft is the project's 1-layer
 # distilled draft that shares the target's embeddings and head (`coupling.llm.models`).
 # The engine (`coupling.llm.engine`) drafts $\gamma$ tokens on $k$ branches, calls the target
 # once on all branches, and lets a batched rule from `coupling.torch_backend` decide.
