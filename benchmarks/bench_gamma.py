@@ -102,9 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     for dt, q in variants:
         t = models.load_target(dt)
         d = load_feature_draft(t, head_tokens=models.DRAFT_HEAD_TOKENS, int8=True)
-        if q != "none":
-            models.quantize_target_int8(t, models.TARGET_QUANTS[q])
-        pairs[dt, q] = (t, d)
+        pairs[dt, q] = (models.quantize_target(t, q), d)   # after the draft took what it shares
     target, draft = pairs[variants[0]]
     tok, cfg, prompts = demo_prompts(args.prompts)
     sampling.native_laws(args.native_laws != "off")

@@ -565,8 +565,9 @@ def main(argv: list[str] | None = None) -> int:
     s = res["settings"]
     mdl = res["models"]
     weights = "int8" if mdl["draft_quant"] == "int8" else mdl["dtype"]
-    quant = {"int8": "weight-only int8", "w8a16": "int8 weights, int16 activations"}.get(
-        mdl["target_quant"], "")
+    from .models import TARGET_QUANT_LABELS
+
+    quant = TARGET_QUANT_LABELS.get(mdl["target_quant"], "")
     print(f"target: {mdl['target']} ({mdl['target_params'] / 1e6:.0f}M params, "
           f"{mdl['dtype']}{', ' if quant else ''}{quant} "
           f"on {mdl['device']}); draft: "

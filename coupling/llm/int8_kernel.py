@@ -187,6 +187,8 @@ def int16_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     amax = xf.abs().amax(-1, keepdim=True)
     finite = torch.isfinite(xf).all(-1, keepdim=True)
     safe = torch.where((amax > 0) & finite, amax, torch.ones_like(amax))
+    # a true float32 division, as the kernel's A / max (``A / safe`` would multiply by the
+    # reciprocal instead, which rounds differently)
     inv = torch.tensor(float(A), dtype=torch.float32) / safe
     xq = torch.round((xf * inv).clamp(-A, A))
     xq = torch.where(finite, torch.where(amax > 0, xq, torch.zeros_like(xq)), xf)

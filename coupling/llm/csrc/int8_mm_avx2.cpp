@@ -18,9 +18,11 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cfloat>
 #include <cmath>
 #include <functional>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -61,20 +63,46 @@ void outputs(const float* x, const int8_t* w, const float* s, float* y, int64_t 
   for (int64_t n = n0; n < n1; ++n) output<M>(x, w + n * K, s[n], y + n, K, N);
 }
 
+// The arguments both products take (x [M, K], w [N, K] int8, scale [N] float32), checked
+// with messages that name the product; returns {M, K, N}.
+std::array<int64_t, 3> checked_shapes(const char* name, const torch::Tensor& x,
+                                      const torch::Tensor& w, const torch::Tensor& scale) {
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu() && scale.device().is_cpu(),
+              name, ": CPU tensors only");
+  TORCH_CHECK(x.dim() == 2, name, ": x must be [M, K], got ", x.sizes());
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.is_contiguous(),
+              name, ": w must be a contiguous int8 [N, K] tensor");
+  TORCH_CHECK(scale.dim() == 1 && scale.scalar_type() == at::kFloat && scale.is_contiguous(),
+              name, ": scale must be a contiguous float32 [N] tensor");
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  TORCH_CHECK(w.size(1) == K, name, ": x has K = ", K, " columns, w has ", w.size(1));
+  TORCH_CHECK(K % 16 == 0, name, ": K = ", K, " is not a multiple of 16");
+  TORCH_CHECK(scale.size(0) == N, name, ": scale has ", scale.size(0), " entries, w has N = ", N);
+  return {M, K, N};
+}
+
+// Calls group(m0, std::integral_constant<int, R>()) for each group of up to 6 rows of an
+// [M, K] input, R its row count: 6 rows' accumulators (12) and the 2 widened weight vectors
+// fill 14 of AVX2's 16 registers.
+template <typename Group>
+void row_groups(int64_t M, Group&& group) {
+  for (int64_t m0 = 0; m0 < M; m0 += 6) {
+    switch (std::min<int64_t>(6, M - m0)) {
+      case 1: group(m0, std::integral_constant<int, 1>()); break;
+      case 2: group(m0, std::integral_constant<int, 2>()); break;
+      case 3: group(m0, std::integral_constant<int, 3>()); break;
+      case 4: group(m0, std::integral_constant<int, 4>()); break;
+      case 5: group(m0, std::integral_constant<int, 5>()); break;
+      default: group(m0, std::integral_constant<int, 6>()); break;
+    }
+  }
+}
+
 }  // namespace
 
 torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& scale) {
-  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu() && scale.device().is_cpu(),
-              "int8_mm: CPU tensors only");
-  TORCH_CHECK(x.dim() == 2, "int8_mm: x must be [M, K], got ", x.sizes());
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.is_contiguous(),
-              "int8_mm: w must be a contiguous int8 [N, K] tensor");
-  TORCH_CHECK(scale.dim() == 1 && scale.scalar_type() == at::kFloat && scale.is_contiguous(),
-              "int8_mm: scale must be a contiguous float32 [N] tensor");
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  TORCH_CHECK(w.size(1) == K, "int8_mm: x has K = ", K, " columns, w has ", w.size(1));
-  TORCH_CHECK(K % 16 == 0, "int8_mm: K = ", K, " is not a multiple of 16");
-  TORCH_CHECK(scale.size(0) == N, "int8_mm: scale has ", scale.size(0), " entries, w has N = ", N);
+  const auto shape = checked_shapes("int8_mm", x, w, scale);   // lambdas capture no bindings
+  const int64_t M = shape[0], K = shape[1], N = shape[2];
   const auto xf = x.to(at::kFloat).contiguous();
   auto y = torch::empty({M, N}, xf.options());
   const float* xp = xf.data_ptr<float>();
@@ -84,19 +112,9 @@ torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& w, const torc
   // about 128 KB of weights per task: small products stay on one thread
   const int64_t grain = std::max<int64_t>(8, (int64_t(1) << 17) / std::max<int64_t>(K, 1));
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
-    // 6 rows: 12 accumulators and the 2 widened weight vectors fill 14 of AVX2's 16 registers
-    for (int64_t m0 = 0; m0 < M; m0 += 6) {
-      const float* xm = xp + m0 * K;
-      float* ym = yp + m0 * N;
-      switch (std::min<int64_t>(6, M - m0)) {
-        case 1: outputs<1>(xm, wp, sp, ym, K, N, n0, n1); break;
-        case 2: outputs<2>(xm, wp, sp, ym, K, N, n0, n1); break;
-        case 3: outputs<3>(xm, wp, sp, ym, K, N, n0, n1); break;
-        case 4: outputs<4>(xm, wp, sp, ym, K, N, n0, n1); break;
-        case 5: outputs<5>(xm, wp, sp, ym, K, N, n0, n1); break;
-        default: outputs<6>(xm, wp, sp, ym, K, N, n0, n1); break;
-      }
-    }
+    row_groups(M, [&](int64_t m0, auto rows) {
+      outputs<decltype(rows)::value>(xp + m0 * K, wp, sp, yp + m0 * N, K, N, n0, n1);
+    });
   });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
@@ -115,8 +133,8 @@ torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& w, const torc
 // float kernel's (docs/RESULTS.md, stop 28). One row also gets cheaper (no float widening of
 // the weights): a whole target call costs 0.97x the float kernel's for 1 token and 0.92-0.95x
 // for 2-3. Integer sums are exact, so a row's result is bit for bit the same in a call of any
-// size and any thread split. A row with a NaN or an infinity
-// sends the call to the float kernel, which propagates it.
+// size and any thread split. A row with a NaN or an infinity sends the call to the float
+// kernel, which propagates it.
 namespace {
 
 inline int32_t hsum_epi32(__m256i v) {
@@ -200,18 +218,8 @@ bool quantize_row(const float* x, int16_t* xq, float* t, int64_t K, float A) {
 
 torch::Tensor int8_mm_i16(const torch::Tensor& x, const torch::Tensor& w,
                           const torch::Tensor& scale) {
-  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu() && scale.device().is_cpu(),
-              "int8_mm_i16: CPU tensors only");
-  TORCH_CHECK(x.dim() == 2, "int8_mm_i16: x must be [M, K], got ", x.sizes());
-  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kChar && w.is_contiguous(),
-              "int8_mm_i16: w must be a contiguous int8 [N, K] tensor");
-  TORCH_CHECK(scale.dim() == 1 && scale.scalar_type() == at::kFloat && scale.is_contiguous(),
-              "int8_mm_i16: scale must be a contiguous float32 [N] tensor");
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
-  TORCH_CHECK(w.size(1) == K, "int8_mm_i16: x has K = ", K, " columns, w has ", w.size(1));
-  TORCH_CHECK(K % 16 == 0, "int8_mm_i16: K = ", K, " is not a multiple of 16");
-  TORCH_CHECK(scale.size(0) == N, "int8_mm_i16: scale has ", scale.size(0),
-              " entries, w has N = ", N);
+  const auto shape = checked_shapes("int8_mm_i16", x, w, scale);   // lambdas capture no bindings
+  const int64_t M = shape[0], K = shape[1], N = shape[2];
   const auto xf = x.to(at::kFloat).contiguous();
   // int16_levels in int8_kernel.py
   const float A = static_cast<float>(
@@ -229,19 +237,10 @@ torch::Tensor int8_mm_i16(const torch::Tensor& x, const torch::Tensor& w,
   float* yp = y.data_ptr<float>();
   const int64_t grain = std::max<int64_t>(8, (int64_t(1) << 17) / std::max<int64_t>(K, 1));
   at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
-    for (int64_t m0 = 0; m0 < M; m0 += 6) {
-      const int16_t* xm = xp + m0 * K;
-      const float* tm = tp + m0;
-      float* ym = yp + m0 * N;
-      switch (std::min<int64_t>(6, M - m0)) {
-        case 1: outputs_i16<1>(xm, tm, wp, sp, ym, K, N, n0, n1); break;
-        case 2: outputs_i16<2>(xm, tm, wp, sp, ym, K, N, n0, n1); break;
-        case 3: outputs_i16<3>(xm, tm, wp, sp, ym, K, N, n0, n1); break;
-        case 4: outputs_i16<4>(xm, tm, wp, sp, ym, K, N, n0, n1); break;
-        case 5: outputs_i16<5>(xm, tm, wp, sp, ym, K, N, n0, n1); break;
-        default: outputs_i16<6>(xm, tm, wp, sp, ym, K, N, n0, n1); break;
-      }
-    }
+    row_groups(M, [&](int64_t m0, auto rows) {
+      outputs_i16<decltype(rows)::value>(xp + m0 * K, tp + m0, wp, sp, yp + m0 * N, K, N, n0,
+                                          n1);
+    });
   });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
