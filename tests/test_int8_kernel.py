@@ -303,6 +303,9 @@ def test_int16_kernel_passes_nan_and_inf_on(mm16):
     assert torch.isnan(y[1]).all() and torch.isfinite(y[[0, 2]]).all()
     x[1, 5] = float("inf")
     assert not torch.isfinite(mm16(x, w, s)[1]).any()
+    x[1, 5], x[2, 31] = 1.0, float("-inf")            # the last column, a negative infinity
+    y = mm16(x, w, s)
+    assert not torch.isfinite(y[2]).any() and torch.isfinite(y[:2]).all()
     assert torch.equal(mm16(torch.zeros(2, 32), w, s), torch.zeros(2, 8))
 
 

@@ -185,14 +185,18 @@ void outputs_i16(const int16_t* xq, const float* t, const int8_t* w, const float
 // Row m of x -> xq[m, :] (round to nearest even, as _mm256_cvtps_epi32 does) and its scale
 // t[m]; false where the row holds a NaN or an infinity.
 bool quantize_row(const float* x, int16_t* xq, float* t, int64_t K, float A) {
-  __m256 mx = _mm256_setzero_ps();
+  __m256 mx = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
   const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-  for (int64_t k = 0; k < K; k += 8)
-    mx = _mm256_max_ps(mx, _mm256_and_ps(_mm256_loadu_ps(x + k), abs_mask));
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  for (int64_t k = 0; k < K; k += 8) {
+    const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + k), abs_mask);
+    mx = _mm256_max_ps(mx, a);
+    // max_ps drops NaNs, so flag them here: "not less than inf" holds for inf and NaN alike
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ));
+  }
+  if (_mm256_movemask_ps(bad)) return false;
   float amax = 0.f;
   for (int i = 0; i < 8; ++i) amax = std::max(amax, mx[i]);
-  for (int64_t k = 0; k < K; ++k)                // max_ps drops NaNs: look for them directly
-    if (!std::isfinite(x[k])) return false;
   if (amax == 0.f) {
     std::fill(xq, xq + K, int16_t(0));
     *t = 0.f;
