@@ -105,32 +105,34 @@ def main(argv=None) -> int:
         return compare_targets(args, quants)
 
     target = models.load_target(args.dtype)
-    models.quantize_target(target, quants[0])   # drafts built below keep the shared head
     tok = models.load_tokenizer()
-
-    def drafts(head: int):
-        token_draft = models.load_draft(target, head_tokens=head, logit_scale=args.logit_scale)
-        if args.int8:
-            models.quantize_draft_int8(token_draft)
-        feature_draft = FD.load_feature_draft(target, head_tokens=head, int8=args.int8,
-                                              logit_scale=args.logit_scale)
-        return token_draft, feature_draft
-
     heads = [int(h) for h in (args.head_tokens or str(models.DRAFT_HEAD_TOKENS)).split(",")]
-    token_draft, feature_draft = drafts(heads[0])
+    # every head's drafts before the target is quantized: build_draft refuses a quantized one
+    drafts = [load_drafts(target, head, args) for head in heads]
+    models.quantize_target(target, quants[0])
+    token_draft, feature_draft = drafts[0]
     print(f"logit scales: token-level draft {token_draft.coupling_logit_scale:g}, "
           f"feature draft {feature_draft.logit_scale:g}")
     texts = demo_texts(target, tok, args)
     corpora = [(path, torch.load(path)[: args.n]) for path in args.corpus]
-    for i, head in enumerate(heads):
-        if i:
-            token_draft, feature_draft = drafts(head)
+    for head, (token_draft, feature_draft) in zip(heads, drafts, strict=True):
         tag = f"head {head or 'full'}: "
         report(tag + "demo prompts", target, token_draft, feature_draft, texts)
         for path, data in corpora:
             report(f"{tag}corpus {path.name}", target, token_draft, feature_draft,
                    [(s["ids"], s["n_prompt"]) for s in data])
     return 0
+
+
+def load_drafts(target, head: int, args):
+    """The token-level and feature drafts of ``target`` with a ``head``-token head subset, int8
+    under ``--int8``, at ``--logit-scale`` (default: their calibrated scales)."""
+    token_draft = models.load_draft(target, head_tokens=head, logit_scale=args.logit_scale)
+    if args.int8:
+        models.quantize_draft_int8(token_draft)
+    feature_draft = FD.load_feature_draft(target, head_tokens=head, int8=args.int8,
+                                          logit_scale=args.logit_scale)
+    return token_draft, feature_draft
 
 
 def demo_texts(target, tok, args) -> list:
@@ -152,11 +154,7 @@ def compare_targets(args, quants: list[str]) -> int:
     runs = []
     for q in quants:
         target = models.load_target(args.dtype)
-        token_draft = models.load_draft(target, head_tokens=head, logit_scale=args.logit_scale)
-        if args.int8:
-            models.quantize_draft_int8(token_draft)
-        feature_draft = FD.load_feature_draft(target, head_tokens=head, int8=args.int8,
-                                              logit_scale=args.logit_scale)
+        token_draft, feature_draft = load_drafts(target, head, args)
         runs.append((q, models.quantize_target(target, q), token_draft, feature_draft))
     texts = demo_texts(runs[0][1], tok, args)
     for q, target, token_draft, feature_draft in runs:
