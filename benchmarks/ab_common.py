@@ -77,6 +77,28 @@ def rotated_runs(target, prompts: Sequence[list[int]], groups: Sequence[Sequence
     return tot
 
 
+def seeded_passes(target, prompts: Sequence[list[int]], groups: Sequence[Sequence[Method]], *,
+                  seeds: Sequence[int], header: Callable[[int], str], label: str, width: int,
+                  **run_kw) -> dict[str, list[float]]:
+    """:func:`rotated_runs` once per base seed in ``seeds`` (prompt i runs with seed base + i),
+    each pass printed under ``header(base)``, then, for two or more passes, their pooled
+    totals (returned). One pass moves by a few percent with its sampled text (block
+    efficiency 1.41-1.47 from pass to pass for one rule and draft, ``docs/RESULTS.md`` stop
+    28), so comparisons that need 2% pool passes."""
+    pooled: dict[str, list[float]] = {}
+    for base in seeds:
+        tot = rotated_runs(target, prompts, groups, seed=base, **run_kw)
+        print(header(base), flush=True)
+        print_table(tot, label, width)
+        for name, row in tot.items():
+            before = pooled.get(name, [0] * len(row))
+            pooled[name] = [a + b for a, b in zip(before, row, strict=True)]
+    if len(seeds) > 1:
+        print(f"\npooled over the {len(seeds)} passes (seeds {', '.join(map(str, seeds))})")
+        print_table(pooled, label, width)
+    return pooled
+
+
 def print_table(tot: dict[str, list[float]], label: str, width: int) -> None:
     """Block efficiency, tokens/s, ratio to autoregressive, and per target call / step the
     target's time, the draft's and everything else (laws, rule, sampling, bookkeeping)."""

@@ -18,6 +18,9 @@ Usage::
     python benchmarks/bench_draft_ab.py --weights A.safetensors --weights B.safetensors
     python benchmarks/bench_draft_ab.py --scales stored --head-tokens 8192,4096 --gamma 1 \
         --rules token --target-quant int8 --threads 2
+    python benchmarks/bench_draft_ab.py --weights A.safetensors --weights B.safetensors \
+        --scales stored --rules block --draft-confidence 0.8 --target-quant w8a16 \
+        --threads 2 --prompts 12 --max-new-tokens 128 --seeds 0,1000
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-    from ab_common import add_run_args, demo_prompts, print_table, rotated_runs
+    from ab_common import add_run_args, demo_prompts, seeded_passes
 
     from coupling.llm import engine as E
     from coupling.llm import models
@@ -48,7 +51,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated sizes of the draft head's token subset "
                          "(default models.DRAFT_HEAD_TOKENS)")
     ap.add_argument("--gamma", type=int, default=2)
-    ap.add_argument("--target-quant", choices=("none", "int8", "w8a16"), default="none")
+    ap.add_argument("--draft-confidence", type=float, default=None,
+                    help="gate the gamma-th drafted token (generate(draft_confidence=c)); the "
+                         "demo's is 0.8")
+    ap.add_argument("--target-quant", choices=("none", *models.TARGET_QUANTS), default="none")
+    ap.add_argument("--seeds", type=str, default="0",
+                    help="comma-separated base seeds (prompt i runs with seed base + i): a "
+                         "table per pass and one pooled over all of them")
     add_run_args(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -66,11 +75,18 @@ def main(argv: list[str] | None = None) -> int:
     rules = args.rules.split(",")
     groups = [[(f"{name} {rule}",
                 lambda p, kw, d=variants[name], rule=rule: E.generate(
-                    target, FeatureDrafter(d), p, rule=rule, gamma=args.gamma, **kw))
+                    target, FeatureDrafter(d), p, rule=rule, gamma=args.gamma,
+                    draft_confidence=args.draft_confidence, **kw))
                for rule in rules] for name in variants]
-    tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
-                       eos_token_id=tok.eos_token_id)
-    print_table(tot, "variant", 55)
+    gate = "" if args.draft_confidence is None else f"@{args.draft_confidence:g}"
+    seeded_passes(
+        target, prompts, groups, seeds=[int(s) for s in args.seeds.split(",")],
+        label="variant", width=55, cfg=cfg, max_new_tokens=args.max_new_tokens,
+        eos_token_id=tok.eos_token_id,
+        header=lambda base: (
+            f"target {args.target_quant}, gamma = {args.gamma}{gate}, {len(prompts)} prompts x "
+            f"{args.max_new_tokens} tokens, seeds {base}..{base + len(prompts) - 1}, "
+            f"{args.threads} thread(s)"))
     return 0
 
 

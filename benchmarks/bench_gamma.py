@@ -59,7 +59,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-    from ab_common import add_run_args, demo_prompts, print_table, rotated_runs
+    from ab_common import add_run_args, demo_prompts, seeded_passes
 
     from coupling.llm import engine as E
     from coupling.llm import models, sampling
@@ -152,23 +152,16 @@ def main(argv: list[str] | None = None) -> int:
             [("autoregressive python-laws",
               with_laws(False, lambda p, kw: E.autoregressive(target, p, **kw)))]]
     width = max(16, *(len(name) for grp in groups for name, _ in grp))
-    seeds = [int(s) for s in args.seeds.split(",")]
-    pooled: dict[str, list[float]] = {}
-    for base in seeds:
-        tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
-                           eos_token_id=tok.eos_token_id, seed=base)
-        print(f"feature draft (int8, {models.DRAFT_HEAD_TOKENS}-token head, "
-              f"s = {draft.logit_scale:g}), targets {', '.join(' '.join(v) for v in variants)} "
-              f"(first: the baseline), {len(prompts)} prompts"
-              f" x {args.max_new_tokens} tokens, seeds {base}..{base + len(prompts) - 1}, "
-              f"{args.threads} thread(s), native laws {args.native_laws}", flush=True)
-        print_table(tot, "method", width)
-        for name, row in tot.items():
-            before = pooled.get(name, [0] * len(row))
-            pooled[name] = [a + b for a, b in zip(before, row, strict=True)]
-    if len(seeds) > 1:
-        print(f"\npooled over the {len(seeds)} passes (seeds {args.seeds})")
-        print_table(pooled, "method", width)
+    seeded_passes(
+        target, prompts, groups, seeds=[int(s) for s in args.seeds.split(",")],
+        label="method", width=width, cfg=cfg, max_new_tokens=args.max_new_tokens,
+        eos_token_id=tok.eos_token_id,
+        header=lambda base: (
+            f"feature draft (int8, {models.DRAFT_HEAD_TOKENS}-token head, "
+            f"s = {draft.logit_scale:g}), targets {', '.join(' '.join(v) for v in variants)} "
+            f"(first: the baseline), {len(prompts)} prompts x {args.max_new_tokens} tokens, "
+            f"seeds {base}..{base + len(prompts) - 1}, {args.threads} thread(s), native laws "
+            f"{args.native_laws}"))
     return 0
 
 

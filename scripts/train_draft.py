@@ -313,7 +313,78 @@ CHAT_KINDS_3 = [
         "the Renaissance", "a neural network", "plate tectonics"]),
 ]
 
-PROMPT_SETS = {"diverse": CHAT_KINDS, "diverse2": CHAT_KINDS_2, "diverse3": CHAT_KINDS_3}
+CHAT_KINDS_4 = [
+    ("What is the history of {t}?", [
+        "the bicycle", "chess", "the printing press", "coffee", "the Olympic Games",
+        "paper money", "the telephone"]),
+    ("Give me a packing list for {t}.", [
+        "a weekend camping trip", "a beach holiday", "a business trip", "a ski week",
+        "a music festival", "a long flight"]),
+    ("Write a C function that {t}, and explain the tricky parts.", [
+        "reverses a linked list", "counts the bits set in an integer", "copies a string safely",
+        "finds the largest element of an array", "swaps two integers without a temporary",
+        "parses a decimal number from a string"]),
+    ("How do I fix {t}?", [
+        "a leaking tap", "a slow computer", "a squeaky door", "a flat bicycle tyre",
+        "a phone that will not charge", "a wobbly table", "a clogged sink"]),
+    ("What are the main ideas of {t}?", [
+        "stoicism", "supply and demand", "the theory of evolution", "minimalism",
+        "utilitarianism", "the scientific method"]),
+    ("Write a cover letter for {t}.", [
+        "a barista job", "a junior software developer position", "a summer internship",
+        "a library assistant role", "a nursing position", "a volunteer at an animal shelter"]),
+    ("Explain the rules of {t}.", [
+        "basketball", "poker", "tennis", "cricket", "checkers", "volleyball", "sudoku"]),
+    ("What are healthy alternatives to {t}?", [
+        "sugary drinks", "potato chips", "white bread", "fried food", "candy",
+        "late-night snacking"]),
+    ("Write a short mystery story set in {t}.", [
+        "a train station", "an old library", "a small fishing village", "a museum at night",
+        "a snowed-in hotel", "a school science lab"]),
+    ("How can a small business {t}?", [
+        "find its first customers", "use social media", "keep its records in order",
+        "price its products", "hire its first employee", "handle a bad review"]),
+    ("Describe the geography and climate of {t}.", [
+        "Iceland", "Kenya", "New Zealand", "Canada", "Chile", "Japan", "Egypt"]),
+    ("What are some fun activities for {t}?", [
+        "a rainy day at home", "a family reunion", "a child's birthday party",
+        "a team-building day", "a quiet Sunday", "a group of teenagers"]),
+    ("Teach me the basics of {t}.", [
+        "personal finance", "photography", "knitting", "public speaking",
+        "first aid", "touch typing", "gardening"]),
+    ("Write a Java method that {t}, and explain it.", [
+        "checks whether a number is prime", "counts the words in a sentence",
+        "returns the factorial of n", "merges two sorted arrays", "removes duplicates from a list",
+        "converts Celsius to Fahrenheit"]),
+    ("Write a short apology to {t}.", [
+        "a friend for missing their birthday", "a customer for a late delivery",
+        "my team for a missed deadline", "a neighbour for a noisy party",
+        "a teacher for a late assignment", "my sister for borrowing her car"]),
+    ("How is {t} made?", [
+        "glass", "cheese", "chocolate", "paper", "steel", "bread", "a pencil"]),
+    ("Give me a weekly meal plan for {t}.", [
+        "a vegetarian", "a busy parent", "a student on a budget", "someone training for a marathon",
+        "a family of four", "someone who cannot cook"]),
+    ("What are the symptoms of {t}, and when should someone see a doctor?", [
+        "dehydration", "the flu", "burnout", "a sprained ankle", "food poisoning",
+        "seasonal allergies"]),
+    ("Write the lyrics of a short song about {t}.", [
+        "a road trip", "the first snow", "an old friend", "a lazy cat", "city lights",
+        "the end of summer"]),
+    ("Explain what {t} means in programming, with an example.", [
+        "recursion", "a closure", "an API", "a race condition", "immutability",
+        "a hash table", "garbage collection"]),
+    ("How do I talk to {t}?", [
+        "my boss about a raise", "a child about money", "a friend who is grieving",
+        "a landlord about repairs", "a coworker who interrupts me", "my parents about my career"]),
+    ("Write a news headline and a short article about {t}.", [
+        "a new park opening in town", "a local team winning a championship",
+        "a library extending its hours", "a heat wave", "a school science fair",
+        "a new bus route"]),
+]
+
+PROMPT_SETS = {"diverse": CHAT_KINDS, "diverse2": CHAT_KINDS_2, "diverse3": CHAT_KINDS_3,
+               "diverse4": CHAT_KINDS_4}
 
 
 def diverse_prompts(n: int, seed: int, kinds: list | None = None) -> list[str]:

@@ -28,8 +28,13 @@ Method
    before and after. The output is uncalibrated: fit its logit scale afterwards with
    ``scripts/calibrate_draft.py --draft feature --write``.
 
+``--target-quant w8a16`` writes the corpus with the target the demo runs on an AVX2 CPU
+(``models.quantize_target``): its text, its laws and its features, which are what the draft
+reads at run time there.
+
 Usage: ``python scripts/train_feature_draft.py [--minutes-train 12] [--n-prompts 960]
-[--prompt-set diverse] [--extra-corpus PATH] [--resume WEIGHTS] [--split prompt]``
+[--prompt-set diverse] [--target-quant w8a16] [--extra-corpus PATH] [--resume WEIGHTS]
+[--split prompt]``
 """
 
 from __future__ import annotations
@@ -181,9 +186,16 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-set", choices=("templated", *train_draft.PROMPT_SETS),
                     default="templated",
                     help="corpus prompts: train_draft.corpus_prompts, or .diverse_prompts over "
-                         "CHAT_KINDS (diverse) or CHAT_KINDS_2 (diverse2)")
+                         "train_draft.PROMPT_SETS[set] (CHAT_KINDS for diverse, CHAT_KINDS_2 "
+                         "for diverse2, ...)")
+    ap.add_argument("--target-quant", choices=("none", *models.TARGET_QUANTS), default="none",
+                    help="the target that writes a new corpus (its text, laws and features): "
+                         "bf16 as loaded, or quantized as the demo runs it (models.quantize_"
+                         "target). Training always uses the bf16 target's embeddings, norm and "
+                         "head, which the draft shares at run time whatever the target's quant")
     ap.add_argument("--corpus", type=Path, default=None,
-                    help="default ~/.cache/coupling/feature_corpus[_{prompt set}]_s{seed}_n{n}.pt")
+                    help="default ~/.cache/coupling/feature_corpus[_{prompt set}][_{quant}]"
+                         "_s{seed}_n{n}.pt")
     ap.add_argument("--extra-corpus", type=Path, action="append", default=[],
                     help="train on this saved corpus too (repeatable)")
     ap.add_argument("--resume", type=Path, default=None, help="start from these weights")
@@ -206,23 +218,28 @@ def main(argv=None) -> int:
     tok = models.load_tokenizer()
     if args.corpus is None:
         tag = "" if args.prompt_set == "templated" else f"_{args.prompt_set}"
+        tag += "" if args.target_quant == "none" else f"_{args.target_quant}"
         args.corpus = models.cache_dir() / f"feature_corpus{tag}_s{args.seed}_n{args.n_prompts}.pt"
     if args.corpus.is_file():
         data = torch.load(args.corpus)
         print(f"loaded corpus {args.corpus}: {len(data)} sequences")
     else:
         t0 = time.perf_counter()
+        # quantize_target swaps the target's projections and head in place, and the draft
+        # below starts from its bf16 last layer and shares its bf16 head: quantize a copy
+        writer = (target if args.target_quant == "none" else
+                  models.quantize_target(models.load_target("bfloat16"), args.target_quant))
         if args.prompt_set == "templated":
             prompts = train_draft.corpus_prompts(args.n_prompts, args.seed)
         else:
             prompts = train_draft.diverse_prompts(args.n_prompts, args.seed,
                                                   train_draft.PROMPT_SETS[args.prompt_set])
         data = train_draft.generate_corpus(
-            target, tok, prompts, args.new_tokens,
+            writer, tok, prompts, args.new_tokens,
             args.batch, args.top_k, args.seed, temperature=0.7, sample_top_k=50,
             sample_top_p=0.95)
         t1 = time.perf_counter()
-        add_features(target, data)
+        add_features(writer, data)
         print(f"corpus: {len(data)} sequences in {t1 - t0:.0f} s, features in "
               f"{time.perf_counter() - t1:.0f} s")
         args.corpus.parent.mkdir(parents=True, exist_ok=True)

@@ -228,6 +228,25 @@ def test_status_follows_the_setting_back_and_forth(mm, monkeypatch):
     assert int8_kernel.kernel() is mm and int8_kernel.status() == "avx2"
 
 
+@pytest.mark.parametrize("capability, loads", [("AVX2", True), ("AVX512", True),
+                                               ("DEFAULT", False)])
+def test_auto_uses_the_extension_on_avx2_and_avx512_cpus_only(mm, monkeypatch, capability,
+                                                              loads):
+    """An AVX-512 CPU runs the AVX2 code too, and there it was measured to win (stop 29); a CPU
+    torch reports without AVX2 keeps torch's kernel and the Python steps, and says why."""
+    monkeypatch.setenv(int8_kernel.ENV, "auto")
+    monkeypatch.setattr(int8_kernel.torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    int8_kernel._compiled.cache_clear()
+    try:
+        assert (int8_kernel.kernel() is not None) == loads
+        assert (int8_kernel.function("top_k_law") is not None) == loads
+        assert (int8_kernel.status() == "avx2") == loads
+        if not loads:
+            assert "capability is DEFAULT; the kernel needs AVX2" in int8_kernel.status()
+    finally:
+        int8_kernel._compiled.cache_clear()              # later tests load the real build
+
+
 # ---- int16 activations: int8_mm_i16, the w8a16 target's product ----
 
 @pytest.fixture(scope="module")

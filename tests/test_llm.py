@@ -1496,7 +1496,17 @@ def test_draft_training_prompts_are_disjoint_from_the_demo_prompts():
                                                   | {t for t, _ in td.CHAT_KINDS_2})
     earlier = {" ".join(p.split()[:4]) for p in set(diverse) | set(second)}
     assert not {" ".join(p.split()[:4]) for p in third} & earlier
-    assert set(td.PROMPT_SETS) == {"diverse", "diverse2", "diverse3"}
+    # the fourth set (stage 6): the same
+    fourth = td.diverse_prompts(640, 6, td.CHAT_KINDS_4)
+    assert len(set(fourth)) >= 135
+    assert not set(fourth) & (set(demo) | set(diverse) | set(second) | set(third))
+    assert not {p for p in fourth if " ".join(p.split()[:4]) in prefix}
+    assert not {t for t, _ in td.CHAT_KINDS_4} & ({t for t, _ in td.CHAT_KINDS}
+                                                  | {t for t, _ in td.CHAT_KINDS_2}
+                                                  | {t for t, _ in td.CHAT_KINDS_3})
+    earlier |= {" ".join(p.split()[:4]) for p in third}
+    assert not {" ".join(p.split()[:4]) for p in fourth} & earlier
+    assert set(td.PROMPT_SETS) == {"diverse", "diverse2", "diverse3", "diverse4"}
 
 
 # --------------------------------------------------------------------------- calibrated scale

@@ -175,7 +175,12 @@ def auto_settings(device: str, target_quant: str, gamma: int | None,
       weights, each product's input rows rounded to int16 and summed in integers) runs every
       method 4-5% faster there, plain sampling included, with the same laws up to rounding
       (stop 28).
-      Elsewhere (AVX-512, CUDA) the bf16 target verifies for about a decoding call's price;
+      Elsewhere (AVX-512, CUDA) the bf16 target verifies for about a decoding call's price
+      (on the Zen 5 EPYC of stop 29, 1-5 tokens for 0.97-1.08 one-token calls). There the
+      w8a16 target runs every method 1.6-1.8x faster in tokens/s, but its rules gain less
+      over its own plain sampling (1.26x against bf16's 1.36x, pooled over four seeds): the
+      step's own 2.1-2.2 ms is a larger share of a 13 ms call than of a 23 ms one. The demo
+      compares methods on one target, so it keeps the target whose verification is free;
     * on that int8 target a second drafted token costs more than it adds on average (gamma =
       1 beat gamma = 2 in same-process runs of ``benchmarks/bench_gamma.py``, stops 17 and
       21), but not where the draft is sure of its first token: gamma = 2 gated at a first-law

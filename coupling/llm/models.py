@@ -429,11 +429,12 @@ class Int8Linear(torch.nn.Module):
     the draft's law q is whatever this computes, so no rule's losslessness is affected, only
     its acceptance, which ``scripts/draft_overlap.py --int8`` measures.
 
-    On an AVX2 CPU the product runs :mod:`coupling.llm.int8_kernel`'s kernel instead (the same
-    quantized weights; float32 accumulation, so the result equals torch's kernel up to
-    rounding): 2 or 3 rows cost 1.0-1.2 times one row there (4 rows 1.3, 5 rows 1.5; torch's
-    kernel 1.2 / 1.2 / 1.3 / 2.1 from a 1.3x dearer row), and a row's result does not depend on
-    the other rows of the call. ``kernel`` names the path taken: ``"avx2"``, ``"torch"``
+    On a CPU with AVX2 (AVX-512 included) the product runs :mod:`coupling.llm.int8_kernel`'s
+    kernel instead (the same quantized weights; float32 accumulation, so the result equals
+    torch's kernel up to rounding): on the AVX2-only EPYC 2 or 3 rows cost 1.0-1.2 times one
+    row (4 rows 1.3, 5 rows 1.5; torch's kernel 1.2 / 1.2 / 1.3 / 2.1 from a 1.3x dearer row),
+    and a row's result does not depend on the other rows of the call. ``kernel`` names the path
+    taken: ``"avx2"``, ``"torch"``
     (``_weight_int8pack_mm``) or ``"dense"`` (the dequantised fallback).
 
     ``activations="int16"`` multiplies each row of ``x`` rounded to int16 on its own scale

@@ -82,8 +82,8 @@ def native_laws(enabled: bool | None = None) -> bool:
     """Whether :func:`probs`, the inverse-CDF draws (:func:`sample_rows`) and the
     rules' union support (``rules_adapter.support``) may take the compiled path of
     :mod:`coupling.llm.int8_kernel`'s extension (on by default; it loads where the int8 kernel
-    does: an AVX2 CPU, ``COUPLING_INT8_KERNEL`` not ``torch``). ``enabled`` sets it (benchmarks'
-    A/B and tests); returns the setting in force."""
+    does: a CPU with AVX2 or AVX-512, ``COUPLING_INT8_KERNEL`` not ``torch``). ``enabled`` sets
+    it (benchmarks' A/B and tests); returns the setting in force."""
     if enabled is not None:
         _NATIVE["on"] = bool(enabled)
     return _NATIVE["on"]
