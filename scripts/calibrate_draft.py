@@ -38,10 +38,9 @@ from coupling.llm import feature_draft as FD
 from coupling.llm import models
 from coupling.llm.sampling import SamplingConfig
 
-# the feature draft's four training corpora (its sidecar has the commands that make them); the
-# token-level draft never trained on them
-DEFAULT_CORPORA = ("feature_corpus_s2_n960.pt", "feature_corpus_diverse_s3_n640.pt",
-                   "feature_corpus_diverse2_s4_n640.pt", "feature_corpus_diverse3_s5_n640.pt")
+# the feature draft's stage-6 training corpora, E and D (its sidecar has the commands that make
+# them; stages 4-5 were calibrated on A-D); the token-level draft never trained on them
+DEFAULT_CORPORA = ("feature_corpus_diverse4_s6_n640.pt", "feature_corpus_diverse3_s5_n640.pt")
 
 
 @torch.no_grad()
@@ -65,7 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--draft", choices=("feature", "token"), required=True)
     ap.add_argument("--weights", type=Path, default=None, help="default: the shipped file")
     ap.add_argument("--corpus", type=Path, action="append", default=[],
-                    help=f"repeatable; default the four in ~/.cache/coupling: {DEFAULT_CORPORA}")
+                    help=f"repeatable; default these in ~/.cache/coupling: {DEFAULT_CORPORA}")
     ap.add_argument("--sequences", type=int, default=80, help="first N sequences of each corpus")
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--top-k", type=int, default=50)
