@@ -56,8 +56,8 @@ int8 one for 1-3 tokens. The extension is compiled on first use with
 extra; about 40 s) into ``$COUPLING_CACHE/torch_extensions``, one directory per kernel source
 and torch installation (so once per virtual environment), and loaded from there afterwards. If
 it cannot be built or loaded, :func:`kernel` returns None, :func:`status` says why, and
-``Int8Linear`` keeps torch's
-kernel: the model is then the same up to float rounding, only slower.
+``Int8Linear`` keeps torch's kernel: the model is then the same up to float rounding, only
+slower.
 """
 
 from __future__ import annotations

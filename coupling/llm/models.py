@@ -434,8 +434,8 @@ class Int8Linear(torch.nn.Module):
     torch's kernel up to rounding): on the AVX2-only EPYC 2 or 3 rows cost 1.0-1.2 times one
     row (4 rows 1.3, 5 rows 1.5; torch's kernel 1.2 / 1.2 / 1.3 / 2.1 from a 1.3x dearer row),
     and a row's result does not depend on the other rows of the call. ``kernel`` names the path
-    taken: ``"avx2"``, ``"torch"``
-    (``_weight_int8pack_mm``) or ``"dense"`` (the dequantised fallback).
+    taken: ``"avx2"``, ``"torch"`` (``_weight_int8pack_mm``) or ``"dense"`` (the dequantised
+    fallback).
 
     ``activations="int16"`` multiplies each row of ``x`` rounded to int16 on its own scale
     (``int8_kernel.int16_rows``) with exact integer sums (``int8_mm_i16``): on the AVX2 CPU a
