@@ -475,6 +475,27 @@ def test_optimal_refuses_a_draft_tuple_whose_probability_underflows():
     assert RULES["optimal"].sample(p, q, [0, 1], np.random.default_rng(0)) in (0, 1)
 
 
+def test_optimal_verify_reads_the_plan_row_of_the_drafted_tuple():
+    """The deterministic core (the engine's path) finds the drafted tuple's plan row: with a
+    uniform at the row's cumulative breakpoints it emits exactly that row's tokens, and a tuple
+    the rule cannot have drafted (a repeat without replacement) is refused by name."""
+    from coupling.rules import optimal as opt
+
+    p, q = np.array([0.1, 0.4, 0.2, 0.3]), np.array([0.3, 0.1, 0.4, 0.2])
+    for replacement in (True, False):
+        P, tuples = opt.plan(p, q, 2, replacement)
+        for t, x in enumerate(tuples):
+            row = P[t] / P[t].sum()
+            if row.sum() == 0:
+                continue
+            edges = np.cumsum(row)
+            for y in np.flatnonzero(row > 1e-12):
+                u = (edges[y] - row[y] / 2) / edges[-1]      # the middle of y's interval
+                assert opt.verify(p, q, x, u, replacement=replacement) == y
+    with pytest.raises(ValueError, match="no draft tuple of this rule"):
+        opt.verify(p, q, np.array([2, 2]), 0.5, replacement=False)
+
+
 @pytest.mark.parametrize("block", [0, -5, 2.5, True])
 def test_minhash_pair_refuses_a_bad_block(block):
     with pytest.raises(ValueError, match="block must be a positive integer"):
