@@ -98,6 +98,17 @@ void row_groups(int64_t M, Group&& group) {
   }
 }
 
+// Both products' loop: the N outputs split over threads, each task's rows taken in groups
+// (row_groups); calls block(m0, rows, n0, n1) for outputs [n0, n1) of one row group.
+template <typename Block>
+void output_blocks(int64_t M, int64_t K, int64_t N, Block&& block) {
+  // about 128 KB of weights per task: small products stay on one thread
+  const int64_t grain = std::max<int64_t>(8, (int64_t(1) << 17) / std::max<int64_t>(K, 1));
+  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
+    row_groups(M, [&](int64_t m0, auto rows) { block(m0, rows, n0, n1); });
+  });
+}
+
 }  // namespace
 
 torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& scale) {
@@ -109,12 +120,8 @@ torch::Tensor int8_mm(const torch::Tensor& x, const torch::Tensor& w, const torc
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scale.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  // about 128 KB of weights per task: small products stay on one thread
-  const int64_t grain = std::max<int64_t>(8, (int64_t(1) << 17) / std::max<int64_t>(K, 1));
-  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
-    row_groups(M, [&](int64_t m0, auto rows) {
-      outputs<decltype(rows)::value>(xp + m0 * K, wp, sp, yp + m0 * N, K, N, n0, n1);
-    });
+  output_blocks(M, K, N, [&](int64_t m0, auto rows, int64_t n0, int64_t n1) {
+    outputs<decltype(rows)::value>(xp + m0 * K, wp, sp, yp + m0 * N, K, N, n0, n1);
   });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
@@ -239,12 +246,8 @@ torch::Tensor int8_mm_i16(const torch::Tensor& x, const torch::Tensor& w,
   const int8_t* wp = w.data_ptr<int8_t>();
   const float* sp = scale.data_ptr<float>();
   float* yp = y.data_ptr<float>();
-  const int64_t grain = std::max<int64_t>(8, (int64_t(1) << 17) / std::max<int64_t>(K, 1));
-  at::parallel_for(0, N, grain, [&](int64_t n0, int64_t n1) {
-    row_groups(M, [&](int64_t m0, auto rows) {
-      outputs_i16<decltype(rows)::value>(xp + m0 * K, tp + m0, wp, sp, yp + m0 * N, K, N, n0,
-                                          n1);
-    });
+  output_blocks(M, K, N, [&](int64_t m0, auto rows, int64_t n0, int64_t n1) {
+    outputs_i16<decltype(rows)::value>(xp + m0 * K, tp + m0, wp, sp, yp + m0 * N, K, N, n0, n1);
   });
   return x.scalar_type() == at::kFloat ? y : y.to(x.scalar_type());
 }
