@@ -93,10 +93,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    quants = args.target_quant.split(",")
-    if not set(quants) <= {"none", *models.TARGET_QUANTS}:
-        ap.error(f"--target-quant {args.target_quant}: choose among none, "
-                 f"{', '.join(models.TARGET_QUANTS)}")
+    try:
+        quants = models.target_quants(args.target_quant)
+    except ValueError as exc:
+        ap.error(str(exc))
     variants = [(dt, q) for dt in args.dtypes.split(",") for q in quants]
     pairs = {}                                   # (dtype, quant) -> (target, its feature draft)
     for dt, q in variants:

@@ -97,10 +97,10 @@ def main(argv=None) -> int:
                          "(models.quantize_target), each reported on the first one's texts")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
-    quants = args.target_quant.split(",")
-    if not set(quants) <= {"none", *models.TARGET_QUANTS}:
-        ap.error(f"--target-quant {args.target_quant}: choose among none, "
-                 f"{', '.join(models.TARGET_QUANTS)}")
+    try:
+        quants = models.target_quants(args.target_quant)
+    except ValueError as exc:
+        ap.error(str(exc))
     if len(quants) > 1:
         return compare_targets(args, quants)
 

@@ -1753,6 +1753,16 @@ def test_speedup_vs_premium_reads_both_json_layouts_and_fits_exactly(tmp_path, c
         svp.main([str(paths[-1])])                  # no file has the rule: a clear error
 
 
+def test_target_quant_lists_are_parsed_and_bad_entries_named():
+    from coupling.llm import models
+
+    assert models.target_quants("none") == ["none"]
+    assert models.target_quants("int8,w8a16") == ["int8", "w8a16"]
+    for bad in ("int4", "int8,", "w8a16,fp8"):
+        with pytest.raises(ValueError, match=f"--target-quant {bad}: choose among none, int8"):
+            models.target_quants(bad)
+
+
 def test_demo_picks_the_int8_target_and_gated_gamma_only_where_the_cpu_is_avx2():
     """``--target-quant auto`` and an unset ``--gamma``: the int8-weight target with integer
     sums (``w8a16``) at gamma 2 gated at a first-law peak of ``INT8_DRAFT_CONFIDENCE`` on a

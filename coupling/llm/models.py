@@ -566,6 +566,15 @@ TARGET_QUANT_LABELS = {"none": "", "int8": "weight-only int8",
                        "w8a16": "int8 weights, activations rounded to int16 per row"}
 
 
+def target_quants(text: str) -> list[str]:
+    """A comma-separated ``--target-quant`` list (``"int8,w8a16"``) as its entries, each
+    ``"none"`` or a key of :data:`TARGET_QUANTS`; ValueError naming the choices otherwise."""
+    quants = text.split(",")
+    if not set(quants) <= {"none", *TARGET_QUANTS}:
+        raise ValueError(f"--target-quant {text}: choose among none, {', '.join(TARGET_QUANTS)}")
+    return quants
+
+
 def quantize_target(target, quant: str):
     """``quant`` ``"none"`` returns ``target`` as it is; ``"int8"`` and ``"w8a16"`` quantize it
     in place by :func:`quantize_target_int8` with float or int16 activations. The
