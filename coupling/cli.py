@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from .dist import check_pair, tv
-from .solve import SOLVERS, solve_coupling
+from .solve import COUPLING_SOLVERS, solve_coupling
 
 
 def parse_distribution(text: str, *, name: str) -> np.ndarray:
@@ -47,7 +47,7 @@ def analyze(
     replacement: bool = True,
     gamma: int | None = None,
     seed: int = 0,
-    solvers: tuple[str, ...] = SOLVERS,
+    solvers: tuple[str, ...] = COUPLING_SOLVERS,
 ) -> dict[str, Any]:
     """Exact analysis of one (target, draft) pair; the CLI prints what this returns."""
     from .optimal import optimal_acceptance

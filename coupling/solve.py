@@ -48,9 +48,12 @@ from scipy.optimize import linprog
 
 from .dist import as_distribution, check_pair, tuple_law, validate_k
 
-__all__ = ["Coupling", "solve_coupling", "solve_transport", "SOLVERS", "SolverError"]
+__all__ = ["Coupling", "solve_coupling", "solve_sets", "solve_transport", "SOLVERS",
+           "COUPLING_SOLVERS", "SolverError"]
 
 SOLVERS = ("pot", "highs", "cvxpy")
+#: :func:`solve_coupling` also takes ``"cut"``: an optimal plan built through the min cut.
+COUPLING_SOLVERS = (*SOLVERS, "cut")
 
 # HiGHS's default feasibility tolerances (1e-7) left the flow LP's optimum 8e-8 short of the
 # simplex answer; the oracle promises agreement to 1e-8, so run its dual simplex tighter.
@@ -90,9 +93,9 @@ class Coupling:
     replacement: bool = True
 
 
-def _check_solver(solver: str) -> str:
-    if solver not in SOLVERS:
-        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+def _check_solver(solver: str, allowed: tuple[str, ...] = SOLVERS) -> str:
+    if solver not in allowed:
+        raise ValueError(f"solver must be one of {allowed}, got {solver!r}")
     return solver
 
 
@@ -345,6 +348,51 @@ def _scale_edges(f: np.ndarray, A: sp.csr_matrix, scale: np.ndarray) -> np.ndarr
     return f * scale[owner]
 
 
+def padded_sets(members: np.ndarray) -> np.ndarray:
+    """``[S, m]`` token lists of the sets in ``members [S, V]`` (``-1`` pads, ``m`` the largest
+    set), the form :func:`coupling.optimal.cut_plan` reads."""
+    rows, cols = np.nonzero(members)
+    n = members.sum(axis=1)
+    start = np.concatenate([[0], np.cumsum(n)[:-1]])
+    out = np.full((members.shape[0], max(int(n.max(initial=0)), 1)), -1, dtype=np.int64)
+    out[rows, np.arange(rows.size) - start[rows]] = cols
+    return out
+
+
+def solve_sets(
+    p: np.ndarray,
+    q: np.ndarray,
+    k: int,
+    replacement: bool,
+    mass: np.ndarray,
+    members: np.ndarray,
+    *,
+    solver: str = "pot",
+) -> tuple[np.ndarray, float, str]:
+    """The membership-cost transport over draft *sets* (the core of :func:`solve_coupling`).
+
+    ``members [S, V]`` (bool) and ``mass [S]`` are the law of the set of distinct drafted
+    tokens (any order of the sets; ``k``, ``replacement`` and ``q`` are only read by
+    ``solver="cut"``, for the min cut). ``p`` and ``q`` are validated distributions.
+    Returns ``(plan_s [S, V], acceptance, status)``.
+    """
+    _check_solver(solver, COUPLING_SOLVERS)
+    mass, pa_bal = _rebalance(mass, p)
+    if solver == "cut":
+        from .optimal import cut_plan
+
+        cut = cut_plan(pa_bal, q, k, replacement, padded_sets(members), mass)
+        plan_s, status = cut.dense(), cut.status
+        acceptance = float(plan_s[members].sum())
+    elif solver == "pot":
+        cost = (~members).astype(np.float64)
+        plan_s, status = _emd(mass, pa_bal, cost)
+        acceptance = float(plan_s[members].sum())
+    else:
+        plan_s, acceptance, status = _flow_lp(mass, pa_bal, members, solver)
+    return plan_s, acceptance, status
+
+
 def solve_coupling(
     p: ArrayLike,
     q: ArrayLike,
@@ -369,9 +417,11 @@ def solve_coupling(
         Number of drafts.
     replacement : bool
         i.i.d. drafts (True) or distinct drafts without replacement (False).
-    solver : {"pot", "highs", "cvxpy"}
-        ``"pot"`` (network simplex on the dense transport problem; fastest),
-        ``"highs"`` and ``"cvxpy"`` (sparse max-flow LP; cross-checks).
+    solver : {"pot", "highs", "cvxpy", "cut"}
+        ``"pot"`` (network simplex on the dense transport problem),
+        ``"highs"`` and ``"cvxpy"`` (sparse max-flow LP; cross-checks), ``"cut"`` (an optimal plan
+        built through the min cut, :func:`coupling.optimal.cut_plan`: closed forms, POT on a
+        part only where they fail; fastest, and what the ``optimal`` rule samples).
 
     Returns
     -------
@@ -386,19 +436,13 @@ def solve_coupling(
     SolverError
         The solver did not certify optimality.
     """
-    _check_solver(solver)
+    _check_solver(solver, COUPLING_SOLVERS)
     pa, qa = check_pair(p, q)
     k = validate_k(k)
     tuples, probs = tuple_law(qa, k, replacement=replacement)
     V = pa.size
     set_index, mass, members = _group_by_set(tuples, probs, V)
-    mass, pa_bal = _rebalance(mass, pa)
-    if solver == "pot":
-        cost = (~members).astype(np.float64)
-        plan_s, status = _emd(mass, pa_bal, cost)
-        acceptance = float(plan_s[members].sum())
-    else:
-        plan_s, acceptance, status = _flow_lp(mass, pa_bal, members, solver)
+    plan_s, acceptance, status = solve_sets(pa, qa, k, replacement, mass, members, solver=solver)
     # split each set's row back over its tuples, in proportion to their probabilities
     share = np.divide(probs, mass[set_index], out=np.zeros_like(probs), where=mass[set_index] > 0)
     plan = plan_s[set_index] * share[:, None]

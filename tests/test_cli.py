@@ -20,7 +20,7 @@ def test_analyze_json_agrees_with_lp_and_rules(capsys):
     assert main(["analyze", "--target", "0.5,0.3,0.2", "--draft", "0.2,0.2,0.6", "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
     assert res["tv"] == pytest.approx(0.4, abs=1e-12)
-    for solver in ("pot", "highs", "cvxpy"):
+    for solver in ("pot", "highs", "cvxpy", "cut"):
         assert res["lp"][solver]["acceptance"] == pytest.approx(0.6, abs=1e-9)
     assert res["optimal_acceptance"] == pytest.approx(0.6, abs=1e-12)
     assert res["rules"]["token"]["acceptance"] == pytest.approx(0.6, abs=1e-12)

@@ -127,3 +127,126 @@ def test_two_distinct_drafts_with_a_subnormal_rest(p, q):
     traced = trace_mass(rrs.joint(p, q, 2, replacement=False), tuples)
     assert rrs.acceptance(p, q, 2, replacement=False) == pytest.approx(traced, abs=1e-12)
     assert traced <= lp + 1e-12
+
+
+# ---------------------------------------------------------------- the plan through the cut
+def _set_law(q, k, rep):
+    from coupling.solve import _group_by_set, padded_sets
+
+    tuples, probs = tuple_law(q, k, replacement=rep)
+    _, mass, members = _group_by_set(tuples, probs, q.size)
+    return padded_sets(members), mass, members
+
+
+def _assert_optimal_coupling(plan, members, mass, p, q, k, rep):
+    assert (plan >= 0).all()
+    np.testing.assert_allclose(plan.sum(axis=1), mass, rtol=0, atol=1e-13)
+    assert 0.5 * np.abs(plan.sum(axis=0) - p).sum() < 1e-12       # lossless: TV to the target
+    assert plan[members].sum() == pytest.approx(optimal_acceptance(p, q, k, replacement=rep),
+                                                abs=1e-12)
+
+
+@settings(max_examples=80, deadline=None)
+@given(pair_k())
+def test_the_plan_through_the_cut_is_an_optimal_coupling(case):
+    """Lossless to 1e-12 and accepting the optimum to 1e-12, whatever closed form or LP part
+    built it, for k = 1..3 with and without replacement (ties, zeros and p = q included)."""
+    from coupling.optimal import cut_plan
+
+    p, q, k, rep = case
+    assume(rep or np.count_nonzero(q) >= k)
+    sets, mass, members = _set_law(q, k, rep)
+    cp = cut_plan(p, q, k, rep, sets, mass)
+    _assert_optimal_coupling(cp.dense(), members, mass, p, q, k, rep)
+    for s in range(mass.size):       # the sampler's rows are the plan's rows
+        np.testing.assert_allclose(cp.row(s), cp.dense()[s], rtol=0, atol=1e-15)
+
+
+@settings(max_examples=40, deadline=None)
+@given(pair_k(), st.sampled_from(["A", "B", "both"]))
+def test_each_part_falls_back_to_an_lp_of_its_own(case, broken):
+    """With the closed forms switched off, POT solves the part alone; the plan stays an
+    optimal coupling (so the fallback is exercised on every kind of instance, not only on the
+    rare laws where a closed form fails)."""
+    import coupling.optimal as O
+
+    p, q, k, rep = case
+    assume(rep or np.count_nonzero(q) >= k)
+    sets, mass, members = _set_law(q, k, rep)
+    saved = O._split_by_capacity, O._shares, O._peel_pairs
+    try:
+        if broken in ("A", "both"):
+            O._split_by_capacity = lambda *a: None
+        if broken in ("B", "both"):
+            O._shares = O._peel_pairs = lambda *a: None
+        cp = O.cut_plan(p, q, k, rep, sets, mass)
+    finally:
+        O._split_by_capacity, O._shares, O._peel_pairs = saved
+    _assert_optimal_coupling(cp.dense(), members, mass, p, q, k, rep)
+    if (cp.n_h >= 2).any() and broken != "B":
+        assert "A by POT" in cp.status
+    if (cp.n_h == 0).any() and broken != "A":
+        assert "B by POT" in cp.status
+
+
+def test_the_peel_serves_what_the_shares_cannot():
+    """An instance where the shares overshoot a pair (two demanding tokens outside the cut) and
+    the peel holds: the plan says which closed form built it, and it is optimal."""
+    from coupling.optimal import cut_plan, pair_sets
+
+    rng = np.random.default_rng(3)
+    seen = set()
+    for _ in range(400):
+        p, q = rng.dirichlet(np.ones(8)), rng.dirichlet(np.ones(8))
+        for rep in (True, False):
+            sets, mass = pair_sets(q, rep)
+            cp = cut_plan(p, q, 2, rep, sets, mass)
+            seen.add(cp.how["B"])
+            if cp.how["B"] == "peeled":
+                members = np.zeros((mass.size, 8), dtype=bool)
+                members[np.arange(mass.size)[:, None], np.maximum(sets, 0)] = True
+                members[sets[:, 1] < 0, :] &= np.eye(8, dtype=bool)[sets[sets[:, 1] < 0, 0]]
+                _assert_optimal_coupling(cp.dense(), members, mass, p, q, 2, rep)
+    assert {"shares", "peeled"} <= seen
+
+
+@given(st.integers(1, 7), st.booleans(), st.integers(0, 2**31 - 1))
+@settings(max_examples=60, deadline=None)
+def test_pair_sets_are_the_set_law_of_two_drafts(V, rep, seed):
+    """pair_sets builds, without enumerating tuples, the sets and masses of the grouped tuple
+    law, and pair_index finds each tuple's set."""
+    from coupling.optimal import pair_index, pair_sets
+    from coupling.solve import _group_by_set
+
+    q = np.random.default_rng(seed).dirichlet(np.ones(V))
+    assume(rep or V >= 2)
+    sets, mass = pair_sets(q, rep)
+    tuples, probs = tuple_law(q, 2, replacement=rep)
+    tuple_set, gmass, members = _group_by_set(tuples, probs, V)
+    mine = np.zeros((mass.size, V), dtype=bool)
+    ok = sets >= 0
+    mine[np.nonzero(ok)[0], sets[ok]] = True
+    rows = pair_index(tuples[:, 0], tuples[:, 1], V, rep)
+    assert (rows >= 0).all()
+    np.testing.assert_array_equal(mine[rows], members[tuple_set])   # same set per tuple
+    np.testing.assert_allclose(np.bincount(rows, weights=probs, minlength=mass.size), mass,
+                               rtol=1e-12, atol=1e-300)
+    if not rep:
+        assert pair_index(1, 1, V, rep) == -1
+
+
+def test_a_cut_that_is_not_minimal_is_refused():
+    """Feasible parts certify optimality (a flow meeting a cut's value is maximum), so a plan
+    built through a cut that is not minimal cannot be completed: it raises, never returns a
+    sub-optimal plan. The negative control of the construction."""
+    from coupling.optimal import CutPlan, pair_sets
+    from coupling.solve import SolverError
+
+    p, q = np.array([0.5, 0.3, 0.2]), np.array([0.2, 0.2, 0.6])
+    val, H = optimal_cut(p, q, 2)
+    assert val == pytest.approx(0.84) and set(H.tolist()) == {0, 1}
+    sets, mass = pair_sets(q, True)
+    for wrong in ([0], [2], [0, 2], [0, 1, 2]):
+        cp = CutPlan(p, q, 2, True, sets, mass, cut=np.array(wrong))
+        with pytest.raises(SolverError, match="not minimal"):
+            cp.dense()

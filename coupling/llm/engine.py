@@ -668,6 +668,7 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
     from . import rules_adapter
 
     rules_adapter.check_available(rule)
+    rules_adapter.prepare(rule)
     if not replacement and k > 1 and not rules_adapter.distinct_first(rule, False):
         raise ValueError(f"replacement=False: rule {rule!r} verifies i.i.d. branches only; "
                          "distinct first tokens are verified by rrs and optimal "

@@ -65,6 +65,14 @@ def check_available(rule: str) -> None:
         raise ValueError(reason)
 
 
+def prepare(rule: str) -> None:
+    """Import what a rule's rare paths need, before a run times anything: the optimal rules
+    solve a part of their plan by POT's LP where its closed form fails (about 1 call in 100
+    on the demo's laws), and importing POT then would cost 0.4 s in the middle of a run."""
+    if rule != PLAIN and backend_rule(rule)[0] == "optimal":
+        import ot  # noqa: F401
+
+
 def support(*laws: torch.Tensor) -> torch.Tensor:
     """Sorted int64 ids of the tokens with positive mass in any row of any law [..., V]."""
     return checked_support(*laws)[0]

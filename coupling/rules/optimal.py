@@ -7,22 +7,28 @@ Sampler and exact law
 ---------------------
 * ``k = 1``: speculative sampling (``token``) *is* optimal (acceptance ``1 - TV``), so
   the rule delegates to it at any ``V``; :func:`joint` is the token joint.
-* ``k >= 2``: the rule realises an optimal LP plan :math:`\pi^\star` of
-  :func:`coupling.solve.solve_coupling` (``solver="pot"``): given the draft tuple ``t``,
-  output ``y`` with probability :math:`\pi^\star(t, y) / Q(t)`, by inverse CDF over
-  ``y = 0..V-1`` with one uniform (:func:`verify`). The plan is computed once per
-  ``(p, q, k, replacement)`` and cached (LRU of :data:`CACHE_SIZE`). :func:`joint` returns
-  the same plan, so the sampler and the joint agree by construction, and the law is
-  lossless because :math:`\pi^\star` has column sums ``p``.
+* ``k >= 2``: the rule realises an optimal plan :math:`\pi^\star` of the membership-cost
+  LP (the oracle :func:`coupling.solve.solve_coupling`): given the draft tuple ``t``, output
+  ``y`` with probability :math:`\pi^\star(t, y) / Q(t)`, by inverse CDF over ``y = 0..V-1``
+  with one uniform (:func:`verify`). The plan is :class:`coupling.optimal.CutPlan`, built
+  through the min cut ``H`` of the prefix scan: a set of drafts with one token in ``H``
+  outputs it; the sets hitting ``H`` share their mass over their tokens in ``H``, and the
+  sets inside ``H^c`` give each of their tokens exactly ``p`` and send the rest to the
+  residual law, by closed forms where they pass their checks and by POT on that part alone
+  where not. Each of its parts is solved only when a drafted set needs it, and cached with
+  the plan per ``(p, q, k, replacement)`` (LRU of :data:`CACHE_SIZE`). :func:`joint` returns
+  the same plan, so the sampler and the joint agree by construction; the law is lossless
+  because the plan's columns sum to ``p``, and optimal because its flow meets the cut's value.
 
-  This is exact but needs the LP over the enumerated tuple law. The sampler solves it on
+  Two drafts (the engine's case) never enumerate tuples: the plan is over the ``U(U+1)/2``
+  sets of the support's ``U`` tokens (:func:`coupling.optimal.pair_sets`), where the whole
+  LP had ``U^2`` rows and ``U`` columns. ``k >= 3`` enumerates the tuple law. The rule
+  raises ``ValueError`` when ``T * U`` (``T`` draft tuples: the size of the whole LP, which
+  bounds a part's fallback LP) exceeds :data:`MAX_PLAN_ENTRIES`. The rule works on
   the union of the supports of ``p`` and ``q`` only (tokens with ``p = q = 0`` play no
-  part), so with top-k / top-p truncated laws it runs at any vocabulary size; it raises
-  ``ValueError`` when ``T * |support|`` exceeds :data:`MAX_PLAN_ENTRIES`. **No exact large-V
-  sampler for k >= 2 is implemented**: we did not build (and do not approximate) a
-  selection rule realising the optimal selected-token law in the base polytope of the
-  coverage function; asking for one raises instead of silently returning a sub-optimal
-  or lossy sampler.
+  part), so with top-k / top-p truncated laws it runs at any vocabulary size. **No exact
+  sampler for wide supports is implemented** (the pair sets grow as ``U^2``); asking for one
+  raises instead of silently returning a sub-optimal or lossy sampler.
 """
 
 from __future__ import annotations
@@ -33,7 +39,8 @@ from collections import OrderedDict
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..optimal import optimal_acceptance
+from ..dist import tuple_law
+from ..optimal import CutPlan, optimal_acceptance, pair_index, pair_sets
 from . import token as _token
 from ._base import (
     Rule,
@@ -44,8 +51,8 @@ from ._base import (
     sample_uniform,
 )
 
-__all__ = ["acceptance", "joint", "sample", "verify", "bound", "plan", "clear_plan_cache", "RULE",
-           "MAX_PLAN_ENTRIES"]
+__all__ = ["acceptance", "joint", "sample", "verify", "bound", "plan", "set_plan",
+           "clear_plan_cache", "RULE", "MAX_PLAN_ENTRIES"]
 
 #: Largest ``T * V`` (draft tuples times vocabulary) for which the LP plan is built.
 MAX_PLAN_ENTRIES = 4_000_000
@@ -64,11 +71,28 @@ def acceptance(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = Tr
     return optimal_acceptance(p, q, k, replacement=replacement)
 
 
-def plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool):
-    """Cached ``(plan [T, V], tuples [T, k])`` of an optimal LP coupling: row ``t`` of the plan
-    is the draft tuple ``tuples[t]`` (:func:`coupling.dist.tuple_law` order)."""
-    from ..solve import solve_coupling
+class _SetPlan:
+    """The rule's optimal plan, by draft *set* (:class:`coupling.optimal.CutPlan`): a tuple's
+    conditional output law is its set's row. Sets of two drafts are
+    :func:`coupling.optimal.pair_sets`; for ``k >= 3``, ``tuple_set[t]`` is the set of
+    ``tuple_law``'s tuple ``t``."""
 
+    def __init__(self, p: np.ndarray, q: np.ndarray, k: int, replacement: bool):
+        self.tuple_set = self.tuples = None
+        if k == 2:
+            sets, mass = pair_sets(q, replacement)
+        else:
+            from ..solve import _group_by_set, padded_sets
+
+            self.tuples, probs = tuple_law(q, k, replacement=replacement)
+            self.tuple_set, mass, members = _group_by_set(self.tuples, probs, p.size)
+            sets = padded_sets(members)
+        self.cut = CutPlan(p, q, k, replacement, sets, mass)
+
+
+def set_plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> _SetPlan:
+    """Cached optimal plan over draft sets (:class:`_SetPlan`), for validated ``p, q``; its
+    parts are solved as rows ask for them."""
     V = p.size
     T = V**k if replacement else math.perm(V, k)
     if T * V > MAX_PLAN_ENTRIES:
@@ -82,11 +106,29 @@ def plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool):
     if hit is not None:
         _cache.move_to_end(key)
         return hit
-    c = solve_coupling(p, q, k, replacement=replacement, solver="pot")
-    _cache[key] = (c.plan, c.tuples)
+    if not replacement and np.count_nonzero(q) < k:
+        raise ValueError(f"cannot draw k={k} distinct tokens without replacement: q has only "
+                         f"{np.count_nonzero(q)} token(s) of positive probability")
+    _cache[key] = _SetPlan(p, q, k, replacement)
     while len(_cache) > CACHE_SIZE:
         _cache.popitem(last=False)
     return _cache[key]
+
+
+def plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> tuple[np.ndarray, np.ndarray]:
+    """The rule's optimal plan over draft tuples, ``(plan [T, V], tuples [T, k])`` in
+    :func:`coupling.dist.tuple_law` order: each tuple gets its set's row of :func:`set_plan`,
+    scaled to the tuple's probability (so the sampler and this joint agree by construction)."""
+    sp = set_plan(p, q, k, replacement)
+    tuples, probs = tuple_law(q, k, replacement=replacement)
+    if k == 2:
+        rows = pair_index(tuples[:, 0], tuples[:, 1], p.size, replacement)
+    else:
+        rows = sp.tuple_set
+    P = sp.cut.dense()
+    set_mass = P.sum(axis=1)[rows]
+    share = np.divide(probs, set_mass, out=np.zeros_like(probs), where=set_mass > 0)
+    return P[rows] * share[:, None], tuples
 
 
 def clear_plan_cache() -> None:
@@ -100,7 +142,7 @@ def joint(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True) -
     pa, qa, _ = prepare(p, q)
     if k == 1:
         return _token.joint(pa, qa)
-    return plan(pa, qa, k, replacement)[0].copy()
+    return plan(pa, qa, k, replacement)[0]
 
 
 def verify(
@@ -113,21 +155,28 @@ def verify(
     u_resid: float | None = None,
 ) -> int:
     """Deterministic core. ``k = 1``: token rule with ``(u, u_resid)``; ``k >= 2``: one
-    uniform ``u`` for the inverse CDF of the plan row of the tuple."""
+    uniform ``u`` for the inverse CDF of the plan row of the drafted tuple's set."""
     if drafts.size == 1:
         return _token.verify(p, q, int(drafts[0]), u, 0.5 if u_resid is None else u_resid)
     # Tokens with p = q = 0 are never drafted and never output: solve the LP on the union
     # of the supports only. Exact, and what makes the rule usable on a 49152-token
     # vocabulary after top-k / top-p truncation.
     support = np.flatnonzero((p > 0) | (q > 0))
-    P, tuples = plan(p[support], q[support], drafts.size, replacement)
-    # one row is read per call: matching it costs O(T k) in numpy, where a tuple -> row dict
-    # cost a Python tuple per row to build, a third of the call on the demo's laws (stop 29)
-    hit = np.flatnonzero((tuples == np.searchsorted(support, drafts)).all(1))
-    if hit.size == 0:
+    # renormalised here, so every caller (the torch backend's float32 laws included) hands the
+    # plan the very same floats for the same law: a part solved by LP may pick another
+    # optimal vertex for laws one ulp apart
+    ps, qs = p[support], q[support]
+    sp = set_plan(ps / ps.sum(), qs / qs.sum(), drafts.size, replacement)
+    local = np.searchsorted(support, drafts)
+    if drafts.size == 2:
+        s = int(pair_index(int(local[0]), int(local[1]), support.size, replacement))
+    else:   # one row is read per call: match it in numpy rather than build a tuple -> row dict
+        hit = np.flatnonzero((sp.tuples == local).all(1))
+        s = int(sp.tuple_set[hit[0]]) if hit.size else -1
+    if s < 0:
         raise ValueError(f"drafts {drafts.tolist()} are no draft tuple of this rule (without "
                          "replacement the k drafts must be distinct)")
-    row = P[hit[0]]
+    row = sp.cut.row(s)
     if not row.sum() > 0:   # the plan's row is the tuple's mass: no conditional law to sample
         raise ValueError(f"drafts {drafts.tolist()} have probability 0 as a tuple under q (in "
                          "float64: a product of tiny q's underflows); the optimal plan gives "

@@ -40,7 +40,7 @@ def _optimal_step(replacement: bool) -> Step:
     def step(p, q, x, coins, u):
         if x.size == 1:  # one survivor: optimal's k = 1 rule is the token rule
             return rrs.verify(p, q, x, coins, u)
-        return optimal.verify(p / p.sum(), q / q.sum(), x, u, replacement=replacement)
+        return optimal.verify(p, q, x, u, replacement=replacement)   # renormalises itself
 
     return step
 

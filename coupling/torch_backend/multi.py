@@ -449,9 +449,8 @@ def _optimal_step(replacement: bool) -> StepFn:
         P = p_i[idx].detach().to(torch.float64).cpu().numpy()
         Q = q_i[idx].detach().to(torch.float64).cpu().numpy()
         X, A, U = x[idx].cpu().numpy(), alive[idx].cpu().numpy(), u[idx].cpu().numpy()
-        for n, b in enumerate(idx):
-            pb, qb = P[n] / P[n].sum(), Q[n] / Q[n].sum()
-            out = ref.verify(pb, qb, X[n][A[n]], float(U[n]), replacement=replacement)
+        for n, b in enumerate(idx):    # (verify renormalises the laws on their support)
+            out = ref.verify(P[n], Q[n], X[n][A[n]], float(U[n]), replacement=replacement)
             y[b] = out
         return y
 
