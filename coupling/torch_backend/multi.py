@@ -52,11 +52,12 @@ only when some test ``u rho q(x) < p(x)`` could go either way for ``rho`` in ``[
 or for the residual; otherwise it is not computed (the outcome is the same bit for bit).
 
 ``optimal`` (LP-optimal acceptance): with one survivor it is ``token`` (optimal for k = 1,
-vectorised). With ``m >= 2`` survivors it samples the row of the draft tuple in an exact
-LP plan (:func:`coupling.rules.optimal.plan`, solved with POT on the enumerated tuple
-law): this is a per-request numpy LP, a Python loop over the affected rows, and it is
-limited to small vocabularies (``T * V <= MAX_PLAN_ENTRIES``). **There is no exact
-large-V sampler for k >= 2**; it raises ``ValueError`` rather than approximate.
+vectorised). With ``m >= 2`` survivors it samples the row of the drafted set in an exact
+optimal plan built through the min cut (:class:`coupling.optimal.CutPlan`, by the numpy
+reference :func:`coupling.rules.optimal.verify`): closed forms, POT on a part of the plan
+only where they fail, a Python loop over the affected rows. It works on the union of the
+supports, whose pair sets grow as ``U^2`` (``U^k * U <= MAX_PLAN_ENTRIES``); **there is no
+exact sampler for wide supports**, and it raises ``ValueError`` rather than approximate.
 
 ``gumbel`` (shared-noise Gumbel-max coupling, Daliri, Musco & Suresh 2024): the token at
 absolute position ``t + i`` is the target's Gumbel-max sample
