@@ -206,7 +206,10 @@ def optimal_acceptance(
 @functools.lru_cache(maxsize=64)
 def _pairs(V: int, replacement: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     a, b = np.triu_indices(V, 0 if replacement else 1)
-    return a, b, np.stack([a, np.where(a == b, -1, b)], axis=1)
+    sets = np.stack([a, np.where(a == b, -1, b)], axis=1)
+    for arr in (a, b, sets):       # shared by every call for this V: read-only
+        arr.flags.writeable = False
+    return a, b, sets
 
 
 def pair_sets(q: np.ndarray, replacement: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -214,7 +217,7 @@ def pair_sets(q: np.ndarray, replacement: bool) -> tuple[np.ndarray, np.ndarray]
 
     Returns ``(sets [S, 2], mass [S])``: the sets ``{a, b}``, ``a <= b`` (``a < b`` without
     replacement), in the order of :func:`pair_index`; a double ``{a}`` is ``(a, -1)``.
-    ``sets`` is shared between calls: read it, do not write it.
+    ``sets`` is shared between calls (read-only).
     """
     a, b, sets = _pairs(q.size, replacement)
     if replacement:
@@ -280,8 +283,8 @@ def _peel_pairs(sets, mass, need):
     ``{e, l}`` (``e`` served first, mass ``m``) sends :math:`g_e m` to ``e`` and
     :math:`\phi_l (1 - g_e) m` to ``l``, and a double ``{x}`` sends :math:`\phi_x m`. Every
     token gets exactly ``need``; ``None`` if one would need more than all its pairs
-    (:math:`g_x > 1`). A greedy, not a theorem: on the demo's laws it holds in 99 calls in 100
-    where the shares of :func:`_shares` fail.
+    (:math:`g_x > 1`). A greedy, not a theorem: on the demo's laws it serves 92-98% of those
+    where the shares of :func:`_shares` fail (``benchmarks/bench_cut_plan.py``).
     """
     V = need.size
     a = sets[:, 0]
@@ -456,14 +459,14 @@ class CutPlan:
         if self.n_h[s] == 1:
             out[toks[self.in_h[toks]]] = self.mass[s]
             return out
-        rows, flow, extra = self.part_a if self.n_h[s] > 0 else self.part_b
+        rows, flow, reject = (*self.part_a[:2], None) if self.n_h[s] > 0 else self.part_b
         i = int(np.searchsorted(rows, s))
         np.add.at(out, toks, flow[i][: toks.size])
-        if self.n_h[s] == 0 and extra[i] > 0:
+        if reject is not None and reject[i] > 0:
             resid = self.part_a[2]
             R = resid.sum()       # equals the total rejected mass: both are p(H) - P(hit H)
             if R > 0:
-                out += resid * (extra[i] / R)
+                out += resid * (reject[i] / R)
         return out
 
     def dense(self) -> np.ndarray:

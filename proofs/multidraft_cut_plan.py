@@ -40,6 +40,7 @@ from fractions import Fraction
 
 import numpy as np
 import sympy as sp
+from _tuples import exact_tuple_law
 
 
 def _subsets(items):
@@ -87,22 +88,6 @@ def _rational_instance(rng):
     return V, k, rep, p, q
 
 
-def _exact_tuple_law(q, k, rep):
-    V = len(q)
-    out = {}
-    draws = itertools.product(range(V), repeat=k) if rep else itertools.permutations(range(V), k)
-    for t in draws:
-        m, used = Fraction(1), Fraction(0)
-        for x in t:
-            if rep:
-                m *= q[x]
-            else:
-                m = m * q[x] / (1 - used) if 1 - used > 0 else Fraction(0)
-                used += q[x]
-        out[t] = m
-    return out
-
-
 def exhaustive_and_package(n: int = 300) -> bool:
     import coupling.optimal as O
     from coupling.dist import tuple_law
@@ -116,7 +101,7 @@ def exhaustive_and_package(n: int = 300) -> bool:
         if inst is None:
             continue
         V, k, rep, p, q = inst
-        law = _exact_tuple_law(q, k, rep)
+        law = exact_tuple_law(q, k, rep)
         zero = Fraction(0)
 
         def value(H, p=p, law=law, V=V, zero=zero):

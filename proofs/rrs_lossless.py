@@ -27,6 +27,8 @@ import random
 import sys
 from fractions import Fraction as F
 
+from _tuples import exact_tuple_law
+
 
 def resid(r, qi):
     d = [max(a - b, F(0)) for a, b in zip(r, qi, strict=True)]
@@ -37,19 +39,7 @@ def resid(r, qi):
 def output_law(p, q, k, replacement, renormalise=True):
     V = len(p)
     out = [F(0)] * V
-    tuples = (
-        itertools.product(range(V), repeat=k)
-        if replacement
-        else itertools.permutations(range(V), k)
-    )
-    for t in tuples:
-        pr, used = F(1), F(0)
-        for x in t:
-            if replacement:
-                pr *= q[x]
-            else:
-                pr = pr * q[x] / (1 - used) if 1 - used > 0 else F(0)
-                used += q[x]
+    for t, pr in exact_tuple_law(q, k, replacement).items():
         if pr == 0:
             continue
         r, qi, surv = list(p), list(q), pr

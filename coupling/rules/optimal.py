@@ -87,7 +87,7 @@ class _SetPlan:
             self.tuples, probs = tuple_law(q, k, replacement=replacement)
             self.tuple_set, mass, members = _group_by_set(self.tuples, probs, p.size)
             sets = padded_sets(members)
-        self.cut = CutPlan(p, q, k, replacement, sets, mass)
+        self.plan = CutPlan(p, q, k, replacement, sets, mass)
 
 
 def set_plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> _SetPlan:
@@ -125,7 +125,7 @@ def plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> tuple[np.nd
         rows = pair_index(tuples[:, 0], tuples[:, 1], p.size, replacement)
     else:
         rows = sp.tuple_set
-    P = sp.cut.dense()
+    P = sp.plan.dense()
     set_mass = P.sum(axis=1)[rows]
     share = np.divide(probs, set_mass, out=np.zeros_like(probs), where=set_mass > 0)
     return P[rows] * share[:, None], tuples
@@ -158,7 +158,7 @@ def verify(
     uniform ``u`` for the inverse CDF of the plan row of the drafted tuple's set."""
     if drafts.size == 1:
         return _token.verify(p, q, int(drafts[0]), u, 0.5 if u_resid is None else u_resid)
-    # Tokens with p = q = 0 are never drafted and never output: solve the LP on the union
+    # Tokens with p = q = 0 are never drafted and never output: build the plan on the union
     # of the supports only. Exact, and what makes the rule usable on a 49152-token
     # vocabulary after top-k / top-p truncation.
     support = np.flatnonzero((p > 0) | (q > 0))
@@ -176,7 +176,7 @@ def verify(
     if s < 0:
         raise ValueError(f"drafts {drafts.tolist()} are no draft tuple of this rule (without "
                          "replacement the k drafts must be distinct)")
-    row = sp.cut.row(s)
+    row = sp.plan.row(s)
     if not row.sum() > 0:   # the plan's row is the tuple's mass: no conditional law to sample
         raise ValueError(f"drafts {drafts.tolist()} have probability 0 as a tuple under q (in "
                          "float64: a product of tiny q's underflows); the optimal plan gives "
