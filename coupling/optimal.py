@@ -388,8 +388,7 @@ class CutPlan:
 
     def __init__(self, p: np.ndarray, q: np.ndarray, k: int, replacement: bool,
                  sets: np.ndarray, mass: np.ndarray, *, cut: np.ndarray | None = None):
-        self.p, self.q, self.k, self.replacement = p, q, k, replacement
-        self.sets, self.mass = sets, mass
+        self.p, self.sets, self.mass = p, sets, mass
         self.cut = _scan(p, q, k, replacement)[1] if cut is None else cut
         self.in_h = np.zeros(p.size, dtype=bool)
         self.in_h[self.cut] = True
