@@ -53,7 +53,7 @@ from numpy.typing import ArrayLike
 from .dist import MAX_TUPLES, check_pair, tuple_law, validate_k, validate_replacement
 
 __all__ = ["optimal_acceptance", "optimal_cut", "ratio_order", "CutPlan", "cut_plan", "pair_sets",
-           "pair_index"]
+           "pair_index", "set_members"]
 
 
 def ratio_order(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -354,22 +354,34 @@ def _zero_cost_transport(a, b, allowed):
     return plan
 
 
-def _dense_members(sets: np.ndarray, cols: np.ndarray) -> np.ndarray:
-    """``[S, len(cols)]`` booleans: set ``s`` holds token ``cols[j]``."""
+def _positions(cols: np.ndarray) -> np.ndarray:
+    """``pos[token]``: the token's index in ``cols``, ``-1`` if absent (one slot to spare)."""
     pos = np.full(max(int(cols.max(initial=-1)) + 2, 1), -1)
     pos[cols] = np.arange(cols.size)
+    return pos
+
+
+def _dense_members(sets: np.ndarray, cols: np.ndarray) -> np.ndarray:
+    """``[S, len(cols)]`` booleans: set ``s`` holds token ``cols[j]``."""
+    pos = _positions(cols)
     m = np.zeros((sets.shape[0], cols.size), dtype=bool)
     ok = sets >= 0
-    j = pos[sets[ok]]
+    j = pos[np.minimum(sets[ok], pos.size - 1)]
     m[np.nonzero(ok)[0][j >= 0], j[j >= 0]] = True
     return m
 
 
+def set_members(sets: np.ndarray, V: int) -> np.ndarray:
+    """``[S, V]`` booleans from the padded token lists ``sets [S, m]`` (:func:`pair_sets`): the
+    ``members`` form of :func:`coupling.solve.solve_sets` (the inverse of
+    :func:`coupling.solve.padded_sets`)."""
+    return _dense_members(sets, np.arange(V))
+
+
 def _spread(sets_sub, plan_cols, cols):
     """Back from a transport on ``cols`` to per-set flows aligned with ``sets_sub``."""
-    pos = np.full(max(int(cols.max(initial=-1)) + 2, 1), -1)
-    pos[cols] = np.arange(cols.size)
-    j = np.where(sets_sub >= 0, pos[np.maximum(sets_sub, 0)], -1)
+    pos = _positions(cols)
+    j = np.where(sets_sub >= 0, pos[np.minimum(np.maximum(sets_sub, 0), pos.size - 1)], -1)
     return np.where(j >= 0, np.take_along_axis(plan_cols, np.maximum(j, 0), axis=1), 0.0)
 
 

@@ -383,14 +383,11 @@ def solve_sets(
 
         cut = cut_plan(pa_bal, q, k, replacement, padded_sets(members), mass)
         plan_s, status = cut.dense(), cut.status
-        acceptance = float(plan_s[members].sum())
     elif solver == "pot":
-        cost = (~members).astype(np.float64)
-        plan_s, status = _emd(mass, pa_bal, cost)
-        acceptance = float(plan_s[members].sum())
+        plan_s, status = _emd(mass, pa_bal, (~members).astype(np.float64))
     else:
-        plan_s, acceptance, status = _flow_lp(mass, pa_bal, members, solver)
-    return plan_s, acceptance, status
+        return _flow_lp(mass, pa_bal, members, solver)
+    return plan_s, float(plan_s[members].sum()), status
 
 
 def solve_coupling(

@@ -192,7 +192,7 @@ def test_each_part_falls_back_to_an_lp_of_its_own(case, broken):
 def test_the_peel_serves_what_the_shares_cannot():
     """An instance where the shares overshoot a pair (two demanding tokens outside the cut) and
     the peel holds: the plan says which closed form built it, and it is optimal."""
-    from coupling.optimal import cut_plan, pair_sets
+    from coupling.optimal import cut_plan, pair_sets, set_members
 
     rng = np.random.default_rng(3)
     seen = set()
@@ -203,10 +203,7 @@ def test_the_peel_serves_what_the_shares_cannot():
             cp = cut_plan(p, q, 2, rep, sets, mass)
             seen.add(cp.how["B"])
             if cp.how["B"] == "peeled":
-                members = np.zeros((mass.size, 8), dtype=bool)
-                members[np.arange(mass.size)[:, None], np.maximum(sets, 0)] = True
-                members[sets[:, 1] < 0, :] &= np.eye(8, dtype=bool)[sets[sets[:, 1] < 0, 0]]
-                _assert_optimal_coupling(cp.dense(), members, mass, p, q, 2, rep)
+                _assert_optimal_coupling(cp.dense(), set_members(sets, 8), mass, p, q, 2, rep)
     assert {"shares", "peeled"} <= seen
 
 
@@ -215,7 +212,7 @@ def test_the_peel_serves_what_the_shares_cannot():
 def test_pair_sets_are_the_set_law_of_two_drafts(V, rep, seed):
     """pair_sets builds, without enumerating tuples, the sets and masses of the grouped tuple
     law, and pair_index finds each tuple's set."""
-    from coupling.optimal import pair_index, pair_sets
+    from coupling.optimal import pair_index, pair_sets, set_members
     from coupling.solve import _group_by_set
 
     q = np.random.default_rng(seed).dirichlet(np.ones(V))
@@ -223,9 +220,7 @@ def test_pair_sets_are_the_set_law_of_two_drafts(V, rep, seed):
     sets, mass = pair_sets(q, rep)
     tuples, probs = tuple_law(q, 2, replacement=rep)
     tuple_set, gmass, members = _group_by_set(tuples, probs, V)
-    mine = np.zeros((mass.size, V), dtype=bool)
-    ok = sets >= 0
-    mine[np.nonzero(ok)[0], sets[ok]] = True
+    mine = set_members(sets, V)
     rows = pair_index(tuples[:, 0], tuples[:, 1], V, rep)
     assert (rows >= 0).all()
     np.testing.assert_array_equal(mine[rows], members[tuple_set])   # same set per tuple

@@ -244,15 +244,13 @@ for k, (r, bp_, bq_, finals) in worst.items():
 # Both are lossless and reach the optimum; they are different optimal plans.
 
 # %%
-from coupling.optimal import CutPlan, pair_sets
+from coupling.optimal import CutPlan, pair_sets, set_members
 from coupling.solve import solve_sets
 
 sets, mass = pair_sets(q, True)
 cp = CutPlan(p, q, 2, True, sets, mass)
 plan_cut = cp.dense()
-members = np.zeros((mass.size, V), dtype=bool)
-members[np.arange(mass.size)[:, None], np.maximum(sets, 0)] = True
-members[sets[:, 1] < 0] = np.eye(V, dtype=bool)[sets[sets[:, 1] < 0, 0]]
+members = set_members(sets, V)
 plan_lp, acc_lp, _ = solve_sets(p, q, 2, True, mass, members, solver="pot")
 opt2 = optimal_acceptance(p, q, 2)
 for name, P in (("cut", plan_cut), ("LP", plan_lp)):
