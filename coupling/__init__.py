@@ -1,7 +1,39 @@
-"""coupling: speculative decoding as distribution coupling and optimal transport."""
+"""coupling: speculative decoding as distribution coupling and optimal transport.
 
+The names a user needs are importable from here (the submodules hold the rest):
+
+* distributions: :func:`as_distribution`, :func:`check_pair`, :func:`tv`, :func:`tuple_law`;
+* the LP oracle: :func:`solve_coupling`, :func:`solve_transport`, :class:`Coupling`,
+  :class:`SolverError`, :func:`optimal_acceptance`;
+* the rules: :data:`RULES` (name -> rule), :func:`check_rule`, :func:`check_sampler`;
+* sequences: :class:`TabularLM`, :class:`TraceLM`, :func:`block_efficiency`,
+  :func:`expected_accepted`, :func:`accepted_length_law`, :func:`target_law`,
+  :func:`stream_law`, :func:`sample_stream`, :func:`optimal_block_efficiency`,
+  :func:`optimal_expected_accepted`, :func:`full_information_accepted`,
+  :func:`verifier_lp`, :func:`motivating_example`;
+* the batched torch twins: :func:`verify` (imported on first use, so the core needs no torch).
+"""
+
+from .block import (
+    LanguageModel,
+    TabularLM,
+    TraceLM,
+    accepted_length_law,
+    block_efficiency,
+    expected_accepted,
+    full_information_accepted,
+    motivating_example,
+    optimal_block_efficiency,
+    optimal_expected_accepted,
+    sample_stream,
+    stream_law,
+    target_law,
+    verifier_lp,
+)
+from .check import check_rule, check_sampler
 from .dist import as_distribution, check_pair, tuple_law, tv
 from .optimal import optimal_acceptance
+from .rules import RULES, Rule
 from .solve import Coupling, SolverError, solve_coupling, solve_transport
 
 __version__ = "0.1.0"
@@ -16,4 +48,32 @@ __all__ = [
     "solve_coupling",
     "solve_transport",
     "optimal_acceptance",
+    "RULES",
+    "Rule",
+    "check_rule",
+    "check_sampler",
+    "LanguageModel",
+    "TabularLM",
+    "TraceLM",
+    "block_efficiency",
+    "expected_accepted",
+    "accepted_length_law",
+    "target_law",
+    "stream_law",
+    "sample_stream",
+    "optimal_block_efficiency",
+    "optimal_expected_accepted",
+    "full_information_accepted",
+    "verifier_lp",
+    "motivating_example",
+    "verify",
 ]
+
+
+def __getattr__(name: str):
+    # the torch twins load torch: only when asked for
+    if name == "verify":
+        from .torch_backend import verify
+
+        return verify
+    raise AttributeError(f"module 'coupling' has no attribute {name!r}")
