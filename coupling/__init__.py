@@ -5,7 +5,8 @@ The names a user needs are importable from here (the submodules hold the rest):
 * distributions: :func:`as_distribution`, :func:`check_pair`, :func:`tv`, :func:`tuple_law`;
 * the LP oracle: :func:`solve_coupling`, :func:`solve_transport`, :class:`Coupling`,
   :class:`SolverError`, :func:`optimal_acceptance`;
-* the rules: :data:`RULES` (name -> rule), :func:`check_rule`, :func:`check_sampler`;
+* the rules: :data:`RULES` (name -> rule), :data:`NEGATIVE_CONTROLS`, :func:`check_rule`,
+  :func:`check_sampler`;
 * sequences: :class:`TabularLM`, :class:`TraceLM`, :func:`block_efficiency`,
   :func:`expected_accepted`, :func:`accepted_length_law`, :func:`target_law`,
   :func:`stream_law`, :func:`sample_stream`, :func:`optimal_block_efficiency`,
@@ -14,7 +15,11 @@ The names a user needs are importable from here (the submodules hold the rest):
 * the batched torch twins: :func:`verify` (imported on first use, so the core needs no torch).
 """
 
-from .block import (
+from .check import check_rule, check_sampler
+from .dist import as_distribution, check_pair, tuple_law, tv
+from .rules import NEGATIVE_CONTROLS, RULES, Rule
+from .rules.optimal import optimal_acceptance
+from .sequence import (
     LanguageModel,
     TabularLM,
     TraceLM,
@@ -30,11 +35,8 @@ from .block import (
     target_law,
     verifier_lp,
 )
-from .check import check_rule, check_sampler
-from .dist import as_distribution, check_pair, tuple_law, tv
-from .optimal import optimal_acceptance
-from .rules import RULES, Rule
-from .solve import Coupling, SolverError, solve_coupling, solve_transport
+from .solve import Coupling, solve_coupling, solve_transport
+from .solvers import SolverError
 
 __version__ = "0.1.0"
 
@@ -49,6 +51,7 @@ __all__ = [
     "solve_transport",
     "optimal_acceptance",
     "RULES",
+    "NEGATIVE_CONTROLS",
     "Rule",
     "check_rule",
     "check_sampler",

@@ -27,7 +27,7 @@ from numpy.typing import ArrayLike
 from scipy import stats
 
 from .dist import check_pair, tuple_law, validate_count
-from .rules._base import Rule
+from .rules.base import Rule
 
 __all__ = [
     "RuleReport",

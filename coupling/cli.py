@@ -1,4 +1,5 @@
-"""Command line: ``coupling analyze`` (exact analysis of a draft/target pair) and ``coupling demo``.
+"""Command line: ``coupling analyze`` (exact analysis of a draft/target pair), plus the
+commands other packages register under the entry-point group ``coupling.commands``.
 
 Examples
 --------
@@ -7,7 +8,10 @@ Examples
     coupling analyze --target 0.5,0.3,0.2 --draft 0.2,0.2,0.6
     coupling analyze --target 1/3,2/3 --draft 2/3,1/3 --gamma 2      # Sun et al.'s example
     coupling analyze --target 0.5,0.3,0.2 --draft 0.2,0.2,0.6 --drafts 3 --without-replacement
-    coupling demo --quick
+
+A registered command is a function ``main(argv: list[str]) -> int`` named by an entry point
+``name = "module:function"`` in the group ``coupling.commands``; ``coupling name ...`` calls
+it with the remaining arguments.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 import sys
 import time
 from fractions import Fraction
+from importlib.metadata import entry_points
 from typing import Any
 
 import numpy as np
@@ -50,8 +55,8 @@ def analyze(
     solvers: tuple[str, ...] = COUPLING_SOLVERS,
 ) -> dict[str, Any]:
     """Exact analysis of one (target, draft) pair; the CLI prints what this returns."""
-    from .optimal import optimal_acceptance
     from .rules import RULES
+    from .rules.optimal import optimal_acceptance
 
     p, q = check_pair(p, q, names=("target", "draft"))
     out: dict[str, Any] = {
@@ -76,7 +81,7 @@ def analyze(
     opt = optimal_acceptance(p, q, k, replacement=replacement)
     out["optimal_acceptance"] = opt
     for name, rule in RULES.items():
-        if not rule.supports(k, replacement):
+        if rule.unit != "token" or not rule.supports(k, replacement):
             continue
         acc = rule.acceptance(p, q, k, replacement=replacement)
         lo, hi = rule.bound(p, q, k, replacement=replacement)
@@ -88,12 +93,24 @@ def analyze(
             "bound": rule.bound_text,
         }
     if gamma is not None:
-        out["block"] = _block_analysis(p, q, gamma=gamma, seed=seed)
+        out["block"] = _block_analysis(p, q, gamma=gamma, seed=seed, k=k,
+                                       replacement=replacement)
     return out
 
 
-def _block_analysis(p: np.ndarray, q: np.ndarray, *, gamma: int, seed: int) -> dict[str, Any]:
-    from .block import (
+def _block_rules(V: int, gamma: int, k: int, replacement: bool) -> list[str]:
+    """The rules whose exact tree law is small enough to enumerate here (``V**(gamma k)``
+    draft trees at most ~1e5)."""
+    from .rules import RULES
+
+    if V ** (gamma * k) > 100_000:
+        return []
+    return [name for name, r in RULES.items() if r.supports(k, replacement)]
+
+
+def _block_analysis(p: np.ndarray, q: np.ndarray, *, gamma: int, seed: int, k: int = 1,
+                    replacement: bool = True) -> dict[str, Any]:
+    from .sequence import (
         TabularLM,
         block_efficiency,
         full_information_accepted,
@@ -104,14 +121,14 @@ def _block_analysis(p: np.ndarray, q: np.ndarray, *, gamma: int, seed: int) -> d
         return lambda context: dist
 
     V = p.size
-    res: dict[str, Any] = {"gamma": gamma, "seed": seed}
-    res["context_free"] = {
-        rule: block_efficiency(rule, const(p), const(q), gamma) for rule in ("token", "block")
-    }
-    if V**gamma <= 4096:
+    res: dict[str, Any] = {"gamma": gamma, "seed": seed, "k": k}
+    names = _block_rules(V, gamma, k, replacement)
+    res["context_free"] = {rule: block_efficiency(rule, const(p), const(q), gamma, k=k,
+                                                  replacement=replacement) for rule in names}
+    if k == 1 and V**gamma <= 4096:
         # transport over whole blocks: an upper bound no lossless verifier reaches in general
         res["context_free"]["transport_bound"] = optimal_block_efficiency(const(p), const(q), gamma)
-    if V ** (2 * gamma + 1) * (gamma + 1) <= 200_000:
+    if k == 1 and V ** (2 * gamma + 1) * (gamma + 1) <= 200_000:
         # LP over every lossless verifier that knows both models completely
         res["context_free"]["optimal_lossless_verifier"] = 1 + full_information_accepted(
             const(p), const(q), gamma
@@ -121,7 +138,8 @@ def _block_analysis(p: np.ndarray, q: np.ndarray, *, gamma: int, seed: int) -> d
     res["toy_model"] = {
         "vocab_size": V,
         "order": 1,
-        **{rule: block_efficiency(rule, target, draft, gamma) for rule in ("token", "block")},
+        **{rule: block_efficiency(rule, target, draft, gamma, k=k, replacement=replacement)
+           for rule in names},
     }
     return res
 
@@ -150,15 +168,16 @@ def _print_analysis(res: dict[str, Any]) -> None:
     if "block" in res:
         b = res["block"]
         print()
-        print(f"Block efficiency (expected tokens per target call, gamma = {b['gamma']})")
+        print(f"Block efficiency (expected tokens per target call, gamma = {b['gamma']}, "
+              f"k = {b['k']})")
         for label, d in (
             ("context-free (target, draft)", b["context_free"]),
             (f"toy TabularLM, V={b['toy_model']['vocab_size']}, seed={b['seed']}", b["toy_model"]),
         ):
             print(f"  {label}")
-            for rule in ("token", "block", "optimal_lossless_verifier", "transport_bound"):
-                if rule in d:
-                    print(f"    {rule:<26}{d[rule]:.12f}")
+            for rule, value in d.items():
+                if rule not in ("vocab_size", "order"):
+                    print(f"    {rule:<26}{value:.12f}")
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
@@ -179,10 +198,9 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return 0
 
 
-def _cmd_demo(rest: list[str]) -> int:
-    from .llm.demo import main as demo_main
-
-    return int(demo_main(rest) or 0)
+def _commands() -> dict:
+    """Subcommands registered by installed packages (entry-point group ``coupling.commands``)."""
+    return {ep.name: ep for ep in entry_points(group="coupling.commands")}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -208,20 +226,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("--seed", type=int, default=0, help="seed of the toy model used with --gamma")
     a.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    sub.add_parser(
-        "demo",
-        help="speculative decoding on a real small LLM (see `coupling demo --help`)",
-        add_help=False,
-    )
+    for name, ep in sorted(_commands().items()):
+        sub.add_parser(name, help=f"{ep.value} (see `coupling {name} --help`)", add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "demo":
-        return _cmd_demo(argv[1:])
+    commands = _commands()
+    if argv and argv[0] in commands and argv[0] != "analyze":
+        return int(commands[argv[0]].load()(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
-    from .solve import SolverError
+    from .solvers import SolverError
 
     try:
         return _cmd_analyze(args)

@@ -1,11 +1,14 @@
-"""The engine's only door to the rules: :mod:`coupling.torch_backend` (batched torch twins).
+"""The engine's only door to the rules: :data:`coupling.rules.RULES`.
 
-``decide`` hands one request's block (``B = 1``, ``k`` branches) to
-``coupling.torch_backend.verify(rule, drafts, p, q, seeds=, positions=)``; nothing here
-re-implements a rule. ``sample_target`` is the plain sampler used when no draft is proposed
-(and by the autoregressive baseline): inverse CDF with the backend's keyed uniform
-``U(seed, t, STREAM_SAMPLE, 0)``, or, for ``gumbel``, ``argmax(log p + G(seed, t))`` with the
-backend's keyed Gumbel noise, so that under one seed plain sampling and gumbel verification emit
+``decide`` verifies one request's block (``k`` branches) with a rule. On a CPU it calls the
+rule's numpy core openly (:meth:`coupling.rules.base.Rule.verify_block`), fed the keyed
+uniforms the batched twin would draw for this request (:func:`coupling.keyed.call_uniforms`):
+one request's compressed laws hold a few hundred entries, where a numpy step costs about a
+microsecond against 5-15 for a torch operation (``python benchmarks/bench_decide.py``); on a
+GPU it calls the batched twin (:func:`coupling.verify`). ``sample_target`` is the plain sampler
+used when nothing is drafted (and by the autoregressive baseline): inverse CDF with the keyed
+uniform ``U(seed, t, STREAM_SAMPLE, 0)``, or, for ``gumbel``, ``argmax(log p + G(seed, t))``
+with the keyed Gumbel noise, so that under one seed plain sampling and gumbel verification emit
 the same stream whatever the drafter (drafter invariance).
 """
 
@@ -14,23 +17,24 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from coupling import keyed
+from coupling.rules import RULES
+
 PLAIN = "plain"
 
-
 #: engine rule names that verify one draft chain (k = 1) and those that verify k branches
-SINGLE_DRAFT_RULES = ("token", "block", "gumbel")
-MULTI_DRAFT_RULES = ("kseq", "rrs", "rrs_wor", "optimal", "optimal_wor")
+SINGLE_DRAFT_RULES = tuple(n for n, r in RULES.items() if r.max_drafts == 1)
+MULTI_DRAFT_RULES = tuple(n for n, r in RULES.items() if r.max_drafts != 1) + ("rrs_wor",
+                                                                               "optimal_wor")
 #: every rule name the engine takes
-RULES = SINGLE_DRAFT_RULES[:2] + MULTI_DRAFT_RULES + SINGLE_DRAFT_RULES[2:]
+RULES_ENGINE = SINGLE_DRAFT_RULES + MULTI_DRAFT_RULES
 #: engine rule names whose k branches start with k *distinct* tokens (successive sampling from
-#: q_1), and the backend verifier that checks them with ``replacement=False``
+#: q_1), and the rule that checks them with ``replacement=False``
 WITHOUT_REPLACEMENT = {"rrs_wor": "rrs", "optimal_wor": "optimal"}
-#: backend verifiers defined for both draft laws (the others take i.i.d. branches only)
-_TAKES_REPLACEMENT = ("rrs", "optimal")
 
 
 def backend_rule(rule: str, replacement: bool = True) -> tuple[str, bool]:
-    """(backend verifier, replacement) of an engine rule: ``rrs_wor`` and ``optimal_wor`` are
+    """(rule, replacement) of an engine rule name: ``rrs_wor`` and ``optimal_wor`` are
     ``rrs`` / ``optimal`` with ``replacement=False``; other names pass ``replacement`` on."""
     if rule in WITHOUT_REPLACEMENT:
         return WITHOUT_REPLACEMENT[rule], False
@@ -40,35 +44,29 @@ def backend_rule(rule: str, replacement: bool = True) -> tuple[str, bool]:
 def distinct_first(rule: str, replacement: bool = True) -> bool:
     """Whether the drafter must draw the k first tokens without replacement for this rule."""
     name, repl = backend_rule(rule, replacement)
-    return name in _TAKES_REPLACEMENT and not repl
+    return name in RULES and False in RULES[name].draft_laws and not repl
+
+
+def check_rule(rule: str) -> None:
+    """``ValueError`` unless ``rule`` is an engine rule name."""
+    if rule not in RULES_ENGINE:
+        raise ValueError(f"rule={rule!r}: choose one of {', '.join(RULES_ENGINE)}")
 
 
 def available() -> dict[str, str | None]:
-    """rule name -> None if the backend provides it, else the reason it cannot run."""
-    try:
-        from coupling import torch_backend as tb
-    except Exception as exc:  # pragma: no cover - backend broken
-        return {r: f"coupling.torch_backend failed to import: {exc}" for r in RULES}
-    out: dict[str, str | None] = {}
-    for r in RULES:
-        name = backend_rule(r)[0]
-        out[r] = None if name in tb.VERIFIERS else (
-            f"coupling.torch_backend has no verifier {name!r} yet (has {sorted(tb.VERIFIERS)})")
-    return out
+    """rule name -> None (every rule of the registry has its numpy core and its twin)."""
+    return {r: None for r in RULES_ENGINE}
 
 
 def check_available(rule: str) -> None:
-    if rule == PLAIN:
-        return
-    reason = available().get(rule, f"unknown rule {rule!r}")
-    if reason is not None:
-        raise ValueError(reason)
+    if rule != PLAIN:
+        check_rule(rule)
 
 
 def prepare(rule: str) -> None:
     """Import what a rule's rare paths need, before a run times anything: the optimal rules
     solve a part of their plan by POT's LP where its closed form fails (about 1 call in 100
-    on the demo's laws), and importing POT then would cost 0.4 s in the middle of a run."""
+    on real laws), and importing POT then would cost 0.4 s in the middle of a run."""
     if rule != PLAIN and backend_rule(rule)[0] == "optimal":
         import ot  # noqa: F401
 
@@ -121,58 +119,70 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
     inverse CDF in vocabulary order, where tokens of zero mass add nothing, so the decisions
     are those on the full vocabulary (``tests/test_llm.py`` checks it rule by rule).
     ``gumbel``, the one rule keyed by token ids, gets the keyed noise of the kept tokens
-    (``gumbel_noise(tokens=)``: the very entries of the full vectors). On a CPU the rules'
-    passes over V then cost next to nothing, and gumbel skips hashing V entries per position.
+    (the very entries of the full vectors).
     """
-    from coupling import torch_backend as tb
-    from coupling.torch_backend._common import check_token_ids, numpy_readable
+    from coupling.torch_backend import check_inputs
 
-    # what compression would blur: the ids' type and the shared vocabulary (the backend
-    # checks every other shape, on the compressed laws)
-    check_token_ids(drafts)
+    name, repl = backend_rule(rule, replacement)
+    check_rule(rule)
+    # what compression would blur: the ids' type and the shared vocabulary (the rule checks
+    # every other shape and value, on the compressed laws)
+    if drafts.dtype.is_floating_point or drafts.dtype == torch.bool:
+        raise ValueError(f"drafts must hold integer token ids (int64), got dtype {drafts.dtype}")
     if p.shape[-1] != q.shape[-1]:
         raise ValueError(f"p and q must share one vocabulary (their last axis): p has "
                          f"{p.shape[-1]} entries, q {q.shape[-1]}")
-    name, repl = backend_rule(rule, replacement)
-    kwargs = {}
-    if name in _TAKES_REPLACEMENT:
-        kwargs["replacement"] = repl
-    idx = None
+    V, idx = p.shape[-1], None
     if compress:
-        V = p.shape[-1]
         idx, ok = checked_support(p, q)
-        if not ok:   # a NaN, inf or negative entry: the backend's checks name it on full laws
-            compress, idx = False, None
-    if compress:
-        # full-V laws, above as_numpy's size bound: only whether numpy can read them in place
-        if numpy_readable(p) and numpy_readable(q) and drafts.device.type == "cpu":
-            ids, d = idx.numpy(), drafts.numpy()
-            x_np = np.minimum(np.searchsorted(ids, d), max(ids.size - 1, 0))
-            if ids.size == 0 or not np.array_equal(ids[x_np], d):
-                raise ValueError(_OFF_SUPPORT)
-            drafts = torch.from_numpy(x_np)
-            p = torch.from_numpy(p.detach().numpy()[..., ids])
-            q = torch.from_numpy(q.detach().numpy()[..., ids])
-        else:
-            x = torch.searchsorted(idx, drafts).clamp_(max=max(idx.numel() - 1, 0))
-            if idx.numel() == 0 or not torch.equal(idx[x], drafts):
-                raise ValueError(_OFF_SUPPORT)
-            drafts, p, q = x, p[..., idx], q[..., idx]
+        if not ok:   # a NaN, inf or negative entry: the checks below name it on full laws
+            idx = None
+    if idx is not None:
+        x = torch.searchsorted(idx, drafts).clamp_(max=max(idx.numel() - 1, 0))
+        if idx.numel() == 0 or not torch.equal(idx[x], drafts):
+            raise ValueError(_OFF_SUPPORT)
+        drafts, p, q = x, p[..., idx], q[..., idx]
+    if p.device.type == "cpu":
+        m, c, y = _decide_numpy(name, repl, drafts, p, q, seed, position, idx)
+        toks = drafts[c, :m].tolist() + [y]
+    else:
+        check_inputs(drafts[None], p[None], q[None], seed, position)
+        kwargs = {"replacement": repl}
         if name == "gumbel":
-            g = drafts.shape[1]
-            kwargs["noise"] = tb.gumbel_noise(
-                torch.tensor(seed, device=p.device),
-                position + torch.arange(g + 1, device=p.device), V, tokens=idx,
-                dtype=torch.float64, device=p.device)[None]                    # [1, g+1, U]
-    verdict = tb.verify(name, drafts[None], p[None], q[None],
-                        seeds=torch.tensor([seed], device=drafts.device),
-                        positions=torch.tensor([position], device=drafts.device), **kwargs)
-    m = int(verdict.accepted[0])
-    c = int(verdict.branch[0])
-    toks = verdict.tokens[0, : m + 1]
-    if idx is not None and idx.device.type == "cpu":
-        return m, c, idx.numpy()[toks.numpy()].tolist()
-    return m, c, (toks if idx is None else idx[toks]).tolist()
+            kwargs["noise"] = _gumbel_noise_torch(seed, position, drafts.shape[1], V, idx, p)
+        verdict = RULES[name].torch.verify(drafts[None], p[None], q[None], seeds=seed,
+                                           positions=position, **kwargs)
+        m, c = int(verdict.accepted[0]), int(verdict.branch[0])
+        toks = verdict.tokens[0, : m + 1].tolist()
+    if idx is not None:
+        toks = idx[torch.tensor(toks, dtype=torch.int64, device=idx.device)].tolist()
+    return m, c, toks
+
+
+def _decide_numpy(name: str, replacement: bool, drafts: torch.Tensor, p: torch.Tensor,
+                  q: torch.Tensor, seed: int, position: int,
+                  idx: torch.Tensor | None) -> tuple[int, int, int]:
+    """The rule's numpy core on one request, with the keyed uniforms its twin would draw."""
+    k, g = drafts.shape
+    d = drafts.numpy()
+    P, Q = p.detach().numpy(), q.detach().numpy()
+    rule = RULES[name]
+    if name == "gumbel":
+        tokens = np.arange(P.shape[-1]) if idx is None else idx.numpy()
+        noise = keyed.gumbel_noise(seed, position + np.arange(g + 1), tokens)
+        return rule.verify_block(d, P, Q, noise, replacement=replacement)
+    coins, u = keyed.call_uniforms(seed, position, g, k)
+    return rule.verify_block(d, P, Q, coins, u, replacement=replacement)
+
+
+def _gumbel_noise_torch(seed: int, position: int, g: int, V: int, idx: torch.Tensor | None,
+                        p: torch.Tensor) -> torch.Tensor:
+    """``[1, g + 1, U]`` keyed noise of the kept tokens ``idx`` (all ``V`` if None)."""
+    from coupling.torch_backend import gumbel_noise
+
+    return gumbel_noise(torch.tensor(seed, device=p.device),
+                        position + torch.arange(g + 1, device=p.device), V, tokens=idx,
+                        dtype=torch.float64, device=p.device)[None]
 
 
 def _gumbel_argmax(law: torch.Tensor, seed: int, position: int, name: str) -> torch.Tensor:
@@ -181,8 +191,7 @@ def _gumbel_argmax(law: torch.Tensor, seed: int, position: int, name: str) -> to
     Only tokens of positive mass can win, so the noise is hashed on the support alone
     (``gumbel_noise(tokens=)``); the winner is the full-vocabulary argmax, bit for bit.
     """
-    from coupling.torch_backend import gumbel_noise
-    from coupling.torch_backend._common import check_probs
+    from coupling.torch_backend import check_probs, gumbel_noise
 
     check_probs(law, name)      # else a NaN or negative entry would simply never win
     idx = support(law)
@@ -198,9 +207,8 @@ def sample_target(rule: str, p: torch.Tensor, seed: int, position: int,
 
     p is checked first (finite, non-negative, rows summing to 1), as the rules check theirs:
     the inverse-CDF draw would turn a NaN law into some token without a word."""
-    from coupling.torch_backend import uniforms
-    from coupling.torch_backend._common import check_probs
-    from coupling.torch_backend.rng import STREAM_SAMPLE
+    from coupling.keyed import STREAM_SAMPLE
+    from coupling.torch_backend import check_probs, uniforms
 
     from .sampling import sample_rows
 

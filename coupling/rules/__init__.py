@@ -1,33 +1,57 @@
-"""Single-step verification rules as exact couplings.
+"""The verification rules, one folder each, behind one registry.
 
-``RULES`` maps a name to a :class:`~coupling.rules._base.Rule` with ``supports``,
-``acceptance`` (closed form), ``joint`` (exact law of (draft tuple, output)), ``sample``
-(one verification step), ``bound`` and ``bound_text``.
+``RULES`` maps a name to its :class:`~coupling.rules.base.Rule`: every layer of the package
+(the exact analysis, :func:`coupling.check_rule`, the CLI, :func:`coupling.verify` and the
+engine) finds a rule here and nowhere else. Variants are parameters (``k``,
+``replacement``), not names.
 
-========  ===========================================================  =================
-name      rule                                                         drafts
-========  ===========================================================  =================
-token     speculative sampling (Leviathan et al. 2023; Chen et al.)    k = 1
-kseq      SpecTr k-sequential selection (Sun et al. 2023)              k >= 1, i.i.d.
-rrs       recursive rejection sampling (SpecInfer; Yang; Jeon 2024)    k >= 1, both
-optimal   LP-optimal verification (min-cut value; LP-plan sampler)     k >= 1, both
-gumbel    shared-Gumbel drafter-invariant coupling (Daliri et al.)     k = 1
-minhash   weighted-MinHash dart coupling (Daliri et al. 2024)          k = 1
-========  ===========================================================  =================
+=========  =============================================================  ==================
+name       rule                                                           drafts
+=========  =============================================================  ==================
+token      speculative sampling (Leviathan et al. 2023; Chen et al. 2023)  k = 1
+block      block verification (Sun et al. 2025)                           one block, k = 1
+kseq       SpecTr k-sequential selection (Sun et al. 2023)                k >= 1, i.i.d.
+rrs        recursive rejection sampling (SpecInfer; Yang; Jeon 2024)      k >= 1, both
+optimal    LP-optimal verification (min-cut value; plan through the cut)  k >= 1, both
+gumbel     shared-Gumbel drafter-invariant coupling (Daliri et al. 2024)  k = 1
+minhash    weighted-MinHash drafter-invariant coupling (Daliri et al.)    k = 1
+=========  =============================================================  ==================
+
+A rule's folder holds its math (module docstring), closed-form acceptance, exact law,
+deterministic numpy core with explicit uniforms, sampler, bound and batched torch twin
+(``torch.py``). ``NEGATIVE_CONTROLS`` holds deliberately broken rules that the harnesses
+must flag.
 """
 
 from __future__ import annotations
 
-from . import gumbel, kseq, optimal, rrs, token
-from ._base import Rule
+from .base import Rule
+from .block import PLAIN_RESIDUAL
+from .block import RULE as BLOCK
+from .gumbel import EMIT_DRAFT
+from .gumbel import RULE as GUMBEL
+from .kseq import RULE as KSEQ
+from .minhash import RULE as MINHASH
+from .optimal import RULE as OPTIMAL
+from .rrs import RULE as RRS
+from .token import NO_RESIDUAL
+from .token import RULE as TOKEN
 
-RULES: dict[str, Rule] = {
-    "token": token.RULE,
-    "kseq": kseq.RULE,
-    "rrs": rrs.RULE,
-    "optimal": optimal.RULE,
-    "gumbel": gumbel.RULE,
-    "minhash": gumbel.MINHASH_RULE,
-}
+RULES: dict[str, Rule] = {r.name: r for r in (TOKEN, BLOCK, KSEQ, RRS, OPTIMAL, GUMBEL, MINHASH)}
+#: deliberately broken rules, for the harnesses' negative controls
+NEGATIVE_CONTROLS: dict[str, Rule] = {r.name: r for r in (NO_RESIDUAL, PLAIN_RESIDUAL,
+                                                          EMIT_DRAFT)}
 
-__all__ = ["RULES", "Rule", "token", "kseq", "rrs", "optimal", "gumbel"]
+
+def get_rule(rule: str | Rule, *, controls: bool = False) -> Rule:
+    """The rule named ``rule`` (or ``rule`` itself), else ``ValueError`` listing the names;
+    ``controls`` also admits the negative controls."""
+    if isinstance(rule, Rule):
+        return rule
+    table = {**RULES, **NEGATIVE_CONTROLS} if controls else RULES
+    if isinstance(rule, str) and rule in table:
+        return table[rule]
+    raise ValueError(f"unknown rule {rule!r}; known rules: {', '.join(table)}")
+
+
+__all__ = ["RULES", "NEGATIVE_CONTROLS", "Rule", "get_rule"]

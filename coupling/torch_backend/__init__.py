@@ -1,64 +1,65 @@
-"""Batched torch twins of the verification rules in :mod:`coupling.rules`.
+"""The batched torch twins of the rules, behind one dispatcher.
 
-Every verifier has the signature ::
+Glossary and shapes (every twin)::
 
-    rule(drafts, p, q, *, seeds, positions, validate=True, ...) -> Verdict
+    rule(drafts, p, q, *, seeds, positions, replacement=True, validate=True, ...) -> Verdict
 
-with ``drafts`` int64 ``[B, k, gamma]``, ``q`` ``[B, k, gamma, V]`` (draft laws along each
-branch), ``p`` ``[B, k, gamma+1, V]`` (target laws along each branch, plus the bonus law),
-``seeds``/``positions`` int64 ``[B]``. It returns a :class:`Verdict`
-``(accepted [B], branch [B], next_token [B], tokens [B, gamma+1])``. All randomness is
-counter-based (:mod:`coupling.torch_backend.rng`): acceptance coins and residual draws are
-keyed by ``(seed, start position of the call, offset)``, Gumbel noise by ``(seed, absolute
-position of the token)``; so a request's decisions do not depend on the batch it is
-verified in, nor on the device.
+* ``drafts``: int64 ``[B, k, gamma]``, ``k`` draft branches of ``gamma`` tokens per request;
+* ``q``: ``[B, k, gamma, V]``, the draft laws along each branch (the laws drafts were sampled
+  from);
+* ``p``: ``[B, k, gamma + 1, V]``, the target laws along each branch, plus the bonus law;
+* ``seeds``, ``positions``: int64 ``[B]``: the request's seed and the absolute position of its
+  first drafted token, which key all randomness (:mod:`.rng`), so a request's decisions do
+  not depend on the batch it is verified in, nor on the device;
+* ``Verdict``: ``(accepted [B], branch [B], next_token [B], tokens [B, gamma + 1])``.
 
-Modules: :mod:`.chain` (``token``, ``block``: one branch), :mod:`.multi` (``kseq``, ``rrs``,
-``optimal``, ``gumbel``: draft trees of ``k`` branches), :mod:`.rng` (keyed uniforms and
-Gumbel noise), :mod:`._common` (``Verdict``, validation, inverse-CDF sampling).
+Each twin lives in its rule's folder (``coupling.rules.<name>.torch``) and is found through
+:data:`coupling.rules.RULES`; this package holds what they share: :mod:`.common` (``Verdict``,
+validation, inverse-CDF sampling), :mod:`.rng` (keyed uniforms and Gumbel noise), :mod:`.tree`
+(the batched walk that lifts a single-step rule to draft trees).
 """
 
-from ._common import Verdict, check_inputs, sample_rows
-from .chain import block, token
-from .multi import gumbel, gumbel_draft, kseq, kseq_rho, optimal, rrs
+from __future__ import annotations
+
+from .common import Verdict, check_inputs, check_probs, sample_rows
 from .rng import gumbel_noise, keyed_uniforms, uniforms
-
-#: rule name -> batched verifier; names match :data:`coupling.rules.RULES` and
-#: :data:`coupling.block.RULES`
-VERIFIERS = {
-    "token": token,
-    "block": block,
-    "kseq": kseq,
-    "rrs": rrs,
-    "optimal": optimal,
-    "gumbel": gumbel,
-}
-
-
-def verify(rule: str, drafts, p, q, **kwargs) -> Verdict:
-    """Dispatch to ``VERIFIERS[rule]`` (ValueError naming the known rules otherwise)."""
-    try:
-        fn = VERIFIERS[rule]
-    except KeyError:
-        raise ValueError(f"unknown rule {rule!r}; known rules: {sorted(VERIFIERS)}") from None
-    return fn(drafts, p, q, **kwargs)
-
+from .tree import walk_tree
 
 __all__ = [
     "Verdict",
-    "VERIFIERS",
     "verify",
-    "token",
-    "block",
-    "kseq",
-    "rrs",
-    "optimal",
-    "gumbel",
-    "gumbel_draft",
-    "kseq_rho",
+    "verifiers",
+    "check_inputs",
+    "check_probs",
+    "sample_rows",
     "uniforms",
     "keyed_uniforms",
     "gumbel_noise",
-    "check_inputs",
-    "sample_rows",
+    "walk_tree",
 ]
+
+
+def verifiers() -> tuple[str, ...]:
+    """The names of the rules with a batched twin (every rule of the registry)."""
+    from ..rules import RULES
+
+    return tuple(RULES)
+
+
+def verify(rule: str, drafts, p, q, **kwargs) -> Verdict:
+    """Verify ``B`` requests' draft trees with ``rule``'s batched twin.
+
+    ``rule`` is a name of :data:`coupling.rules.RULES` (``ValueError`` naming the known rules
+    otherwise); ``kwargs`` are the twin's (``seeds``, ``positions``, ``replacement``,
+    ``validate``, ...).
+
+    >>> import torch, coupling
+    >>> p = torch.tensor([[[[0.5, 0.5], [0.5, 0.5]]]])       # [B=1, k=1, gamma+1=2, V=2]
+    >>> q = torch.tensor([[[[0.5, 0.5]]]])                   # [1, 1, gamma=1, V=2]
+    >>> v = coupling.verify("block", torch.tensor([[[1]]]), p, q, seeds=0, positions=0)
+    >>> int(v.accepted[0])                                   # p == q: always accepted
+    1
+    """
+    from ..rules import get_rule
+
+    return get_rule(rule).torch.verify(drafts, p, q, **kwargs)

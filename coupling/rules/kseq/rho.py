@@ -1,30 +1,4 @@
-r"""``kseq``: SpecTr's k-sequential selection (Sun et al., NeurIPS 2023, "SpecTr: Fast
-Speculative Decoding via Optimal Transport", Algorithm "K-SEQ").
-
-Setting: ``k`` i.i.d. drafts :math:`x_1, \dots, x_k \sim q` (with replacement only).
-
-Algorithm (what :func:`verify` does, step by step)
---------------------------------------------------
-Fix :math:`\rho \ge 1` (below) and let :math:`a(x) = \min(1, p(x) / (\rho\, q(x)))`.
-
-1. For ``i = 1..k``: draw ``u_i ~ U[0,1)``; if ``u_i * rho * q(x_i) < p(x_i)`` output
-   ``x_i`` and stop.
-2. If every draft was rejected, draw ``u_res ~ U[0,1)`` and output the inverse-CDF draw
-   from the residual
-
-.. math::
-
-    p_{\mathrm{res}}(y) = \frac{p(y) - c\,\min(q(y), p(y)/\rho)}{(1-\beta)^k},\qquad
-    \beta = \sum_y \min(q(y), p(y)/\rho),\quad c = \frac{1 - (1-\beta)^k}{\beta}.
-
-Why it is lossless: a draft is accepted at step ``i`` with token law
-:math:`(1-\beta)^{i-1} \min(q, p/\rho)`; summing over ``i`` gives
-:math:`c \min(q, p/\rho)`, and the residual supplies the rest of ``p`` with the remaining
-mass :math:`(1-\beta)^k`. The residual is a distribution iff :math:`c \le \rho`
-(tokens with :math:`p/q < \rho` need :math:`p \ge c\,p/\rho`; the others then satisfy
-:math:`p \ge \rho q \ge c q`), i.e. iff
-
-.. math:: g(\rho) = \rho\beta(\rho) - \big(1 - (1-\beta(\rho))^k\big) \ge 0 .
+r"""The smallest valid K-SEQ ratio :math:`\rho^\star` (see :mod:`coupling.rules.kseq`).
 
 Choice of rho: ``g`` is non-decreasing in ``rho`` (:math:`\rho\beta = \sum\min(\rho q, p)`
 grows, :math:`\beta` shrinks), ``g(rho) < 0`` for ``rho < 1`` when :math:`\beta > 0`, and
@@ -57,12 +31,6 @@ Against the root bisected at 300 digits, the acceptance it gives is within 1e-14
 optimum's (``tests/test_rules.py``). The torch twin runs the same functions on tensors.
 The acceptance is reported as :math:`\beta c` (no cancellation).
 For ``k = 1``, :math:`\rho^\star = 1` and the rule is ``token``.
-
-For a torch twin: ``rho`` and the residual depend only on ``(p, q, k)``; compute them once
-per step (``optimal_rho``, ``residual_law``), then run the accept loop of :func:`verify`.
-
-Guarantee (Sun et al. 2023, abstract and Theorem on K-SEQ): acceptance
-:math:`\ge (1 - 1/e)` times the optimal (LP) acceptance.
 """
 
 from __future__ import annotations
@@ -72,35 +40,17 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
-from numpy.typing import ArrayLike
 
-from ..dist import tuple_law, validate_k
-from ._base import Rule, categorical, prepare, require_supported, sample_uniform
-
-__all__ = [
-    "acceptance",
-    "joint",
-    "sample",
-    "verify",
-    "bound",
-    "optimal_rho",
-    "residual_law",
-    "RULE",
-]
-
-APPROX = 1.0 - math.exp(-1.0)
-BOUND_TEXT = ">= (1 - 1/e) * OPT (Sun et al. 2023, SpecTr, NeurIPS: K-SEQ approximation guarantee)"
+__all__ = ["optimal_rho", "geometric_c", "beta", "margin", "segment_margin", "segment_root",
+           "h_tolerance", "validity_margin", "bin_tolerance", "Ops", "PY_OPS", "NP_OPS",
+           "SORT_AT_MOST", "BINS", "BIN_PASSES"]
 
 
-def _supports(k: int, replacement: bool) -> bool:
-    return k >= 1 and replacement
-
-
-def _beta(p: np.ndarray, q: np.ndarray, rho: float) -> float:
+def beta(p: np.ndarray, q: np.ndarray, rho: float) -> float:
     return float(np.minimum(q, p / rho).sum())
 
 
-def _c(beta, k: int):
+def geometric_c(beta, k: int):
     r""":math:`c = (1 - (1-\beta)^k)/\beta = \sum_{i<k} (1-\beta)^i` as a geometric sum: no
     cancellation when :math:`\beta` is tiny (the quotient form loses all digits there)."""
     x = 1.0 - np.asarray(beta, dtype=np.float64)
@@ -112,16 +62,10 @@ def _c(beta, k: int):
     return c
 
 
-def _h(p: np.ndarray, q: np.ndarray, k: int, rho: float) -> float:
+def validity_margin(p: np.ndarray, q: np.ndarray, k: int, rho: float) -> float:
     """Validity margin ``rho - c(beta(rho))``: the residual is a distribution iff ``>= 0``
     (same sign as ``g = rho beta - (1 - (1-beta)^k)`` when beta > 0, but O(1)-scaled)."""
-    return float(rho - _c(_beta(p, q, rho), k))
-
-
-def optimal_rho(p: ArrayLike, q: ArrayLike, k: int) -> float:
-    r"""Smallest :math:`\rho \ge 1` whose K-SEQ residual is a distribution (see module doc)."""
-    pa, qa, _ = prepare(p, q)
-    return _optimal_rho(pa, qa, validate_k(k))
+    return float(rho - geometric_c(beta(p, q, rho), k))
 
 
 class Ops(NamedTuple):
@@ -232,13 +176,15 @@ def h_tolerance(kmax: int) -> float:
     return 64.0 * (kmax + 1) ** 2 * float(np.finfo(np.float64).eps)
 
 
-def _optimal_rho(p: np.ndarray, q: np.ndarray, k: int) -> float:
+def optimal_rho(p: np.ndarray, q: np.ndarray, k: int) -> float:
+    r"""Smallest :math:`\rho \ge 1` whose K-SEQ residual is a distribution, for validated
+    ``p``, ``q`` (module doc)."""
     if k == 1:
         return 1.0  # token
-    beta1 = _beta(p, q, 1.0)
+    beta1 = beta(p, q, 1.0)
     if beta1 <= 0.0:
         return 1.0  # disjoint supports accept nothing for any rho
-    h1 = 1.0 - float(_c(beta1, k))  # h(1), its sign certain beyond the tolerance
+    h1 = 1.0 - float(geometric_c(beta1, k))  # h(1), its sign certain beyond the tolerance
     if (h1 if abs(h1) > h_tolerance(k) else _direct_margin(p, q, k, 1.0)) >= 0.0:
         return 1.0
     lo, hi, below, above, defect = _root_segment(p, q, k)
@@ -307,7 +253,7 @@ def _bin_pass(ratio: np.ndarray, p: np.ndarray, q: np.ndarray, lo: float, hi: fl
         above.append(np.cumsum(per_bin[::-1])[::-1][1:])        # bins j+1..: ratio >= e_j
     e = lo + np.arange(BINS + 1) * width
     e[-1] = hi
-    h = e - _c(above[1] + below[0] / e, k)
+    h = e - geometric_c(above[1] + below[0] / e, k)
     valid = h > tol
     valid[0], valid[-1] = False, True  # lo is invalid and hi valid by the invariant
     jhi = int(np.argmax(valid))
@@ -369,140 +315,3 @@ def _sorted_segment(t, ps, qs, base_lt, base_ge, defect, k: int, lo: float, hi: 
     s = int(np.searchsorted(t, lo, side="right"))  # inside tokens at or below lo
     return (lo, hi, (float(p_lt[s]), float(q_lt[s])), (float(p_ge[s]), float(q_ge[s])),
             defect)
-
-
-def _params(p: np.ndarray, q: np.ndarray, k: int) -> tuple[float, np.ndarray, float]:
-    rho = _optimal_rho(p, q, k)
-    # acceptance probability of each token when drafted: min(1, p / (rho q))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        a = np.where(q > 0, np.minimum(1.0, p / (rho * np.where(q > 0, q, 1.0))), 0.0)
-    beta = _beta(p, q, rho)
-    return rho, a, beta
-
-
-def residual_law(p: ArrayLike, q: ArrayLike, k: int) -> np.ndarray:
-    """The K-SEQ residual :math:`p_{res}` at the optimal rho (see module doc)."""
-    pa, qa, _ = prepare(p, q)
-    return _residual(pa, qa, validate_k(k))[0]
-
-
-RESIDUAL_ULPS = 64
-
-
-def _residual(p: np.ndarray, q: np.ndarray, k: int) -> tuple[np.ndarray, float, np.ndarray]:
-    rho, a, beta = _params(p, q, k)
-    return _residual_at(p, q, k, rho, beta), rho, a
-
-
-def _residual_at(p: np.ndarray, q: np.ndarray, k: int, rho: float,
-                 beta: float | None = None) -> np.ndarray:
-    """The residual law at a given ``rho`` (``p`` itself where ``beta = 0``)."""
-    low = np.minimum(q, p / rho)
-    beta = float(low.sum()) if beta is None else beta
-    if beta <= 0.0:
-        return p.copy()
-    c = float(_c(beta, k))
-    # where the residual is exactly 0 in exact arithmetic, rounding leaves +-1e-17 (and the
-    # torch twin may round the other way): entries within 64 ulps of p(x) count as 0, which
-    # moves the law by at most 1.5e-14 in TV and makes both backends agree on the support
-    d = p - c * low
-    d = np.where(d > RESIDUAL_ULPS * np.finfo(np.float64).eps * p, d, 0.0)
-    z = float(d.sum())
-    return d / z if z > 0 else p.copy()
-
-
-def acceptance(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True) -> float:
-    r""":math:`1 - (1 - \beta(\rho^\star))^k`."""
-    k = require_supported(RULE, k, replacement)
-    pa, qa, _ = prepare(p, q)
-    _, _, beta = _params(pa, qa, k)
-    return float(beta * _c(beta, k))  # = 1 - (1 - beta)^k without cancellation
-
-
-def joint(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True) -> np.ndarray:
-    """Exact law ``[V**k, V]`` of (draft tuple, output), rows in ``tuple_law`` order."""
-    k = require_supported(RULE, k, replacement)
-    pa, qa, _ = prepare(p, q)
-    res, _, a = _residual(pa, qa, k)
-    tuples, probs = tuple_law(qa, k, replacement=True)
-    T, V = tuples.shape[0], pa.size
-    A = a[tuples]  # [T, k] acceptance probability of each draft
-    surv = np.concatenate([np.ones((T, 1)), np.cumprod(1.0 - A, axis=1)], axis=1)  # [T, k+1]
-    J = np.zeros((T, V))
-    rows = np.arange(T)
-    for i in range(k):
-        np.add.at(J, (rows, tuples[:, i]), probs * surv[:, i] * A[:, i])
-    J += np.outer(probs * surv[:, k], res)
-    return J
-
-
-def verify(
-    p: np.ndarray,
-    q: np.ndarray,
-    drafts: np.ndarray,
-    u_accept: np.ndarray,
-    u_resid: float,
-    *,
-    rho: float | None = None,
-    res: np.ndarray | None = None,
-) -> int:
-    """Deterministic core (inputs assumed validated); ``rho``/``res`` may be precomputed.
-
-    ``rho`` is only needed through the tests ``u rho q(x) < p(x)`` and the residual: a draft
-    with ``u q(x) >= p(x)`` fails and one with ``u k q(x) < p(x)`` passes for every ``rho``
-    in ``[1, k]`` (rounding is monotone), so where the first draft that does not surely
-    fail surely passes, it is the output without computing ``rho`` (the same bit for bit).
-    """
-    k = drafts.size
-    if rho is None:
-        for i in range(k):
-            x = int(drafts[i])
-            if u_accept[i] * q[x] >= p[x]:
-                continue
-            if u_accept[i] * k * q[x] < p[x]:
-                return x
-            break
-        rho = _optimal_rho(p, q, k)
-    for i in range(k):
-        x = int(drafts[i])
-        if u_accept[i] * rho * q[x] < p[x]:
-            return x
-    return categorical(_residual_at(p, q, k, rho) if res is None else res, u_resid)
-
-
-def sample(
-    p: ArrayLike,
-    q: ArrayLike,
-    drafts: ArrayLike,
-    rng: np.random.Generator,
-    *,
-    replacement: bool = True,
-) -> int:
-    pa, qa, d = prepare(p, q, drafts)
-    require_supported(RULE, d.size, replacement)
-    u = np.array([sample_uniform(rng) for _ in range(d.size)])
-    return verify(pa, qa, d, u, sample_uniform(rng))
-
-
-def bound(
-    p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True
-) -> tuple[float, float]:
-    from ..optimal import optimal_acceptance
-
-    k = require_supported(RULE, k, replacement)
-    opt = optimal_acceptance(p, q, k, replacement=True)
-    return (APPROX * opt, opt)
-
-
-RULE = Rule(
-    name="kseq",
-    support_text=(
-        "k-sequential selection is defined for i.i.d. drafts (replacement=True), any k >= 1"
-    ),
-    bound_text=BOUND_TEXT,
-    _supports=_supports,
-    _acceptance=acceptance,
-    _joint=joint,
-    _sample=sample,
-    _bound=bound,
-)

@@ -1,24 +1,34 @@
-"""Shared pieces of the batched verifiers: the result type, input validation, sampling."""
+"""Shared pieces of the batched twins: the result type, input validation, keyed uniforms,
+inverse-CDF sampling, and the two chain steps every single-branch twin takes (ratios at the
+drafts, the residual at the stop).
+
+Shapes (every twin): ``drafts`` int64 ``[B, k, gamma]``; ``q`` ``[B, k, gamma, V]`` (draft
+laws along each branch); ``p`` ``[B, k, gamma + 1, V]`` (target laws along each branch, plus
+the bonus law); ``seeds``, ``positions`` int64 ``[B]``.
+"""
 
 from __future__ import annotations
 
 import math
 from typing import NamedTuple
 
-import numpy as np
 import torch
 
-from . import rng
-from .rng import STREAM_ACCEPT, STREAM_SAMPLE, keyed_uniforms, uniforms, unit_floats
+from ..keyed import MAX_DRAFTS, STREAM_ACCEPT, STREAM_SAMPLE
+from .rng import keyed_uniforms, uniforms
 
 __all__ = [
     "Verdict",
+    "check_probs",
     "check_inputs",
+    "check_token_ids",
     "sample_rows",
     "assemble",
     "coin_uniforms",
     "accept_uniforms",
     "sample_uniforms",
+    "draft_ratios",
+    "emit_residual",
     "MAX_DRAFTS",
 ]
 
@@ -56,24 +66,6 @@ def _default_atol(dtype: torch.dtype) -> float:
     return 2e-2
 
 
-#: largest tensor (entries) that the value checks and the one-request verifiers read through
-#: numpy on a CPU: there a torch op costs ~10 us of dispatch whatever its size, a numpy call on
-#: a few hundred floats ~1 us, and a request's compressed laws hold a few hundred entries
-NUMPY_MAX = 1 << 16
-
-
-def numpy_readable(x: torch.Tensor) -> bool:
-    """Whether numpy can read ``x`` in place: a float32/float64 CPU tensor."""
-    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.float64)
-
-
-def as_numpy(x: torch.Tensor) -> np.ndarray | None:
-    """A numpy view of a small float32/float64 CPU tensor (no copy), else ``None``."""
-    if numpy_readable(x) and x.numel() <= NUMPY_MAX and not x.requires_grad:
-        return x.numpy()
-    return None
-
-
 def check_probs(x: torch.Tensor, name: str, atol: float | None = None) -> None:
     """Raise ValueError unless x [..., V] is finite, non-negative, each row summing to 1 within
     atol (default by dtype)."""
@@ -84,16 +76,10 @@ def check_probs(x: torch.Tensor, name: str, atol: float | None = None) -> None:
     # float32 pairwise sums are accurate to ~1e-6 here, far inside the tolerance, and avoid
     # materialising a float64 copy of [B, k, gamma+1, V]
     acc = torch.float64 if x.dtype == torch.float64 else torch.float32
-    a = as_numpy(x)
-    if a is not None:
-        # the same three numbers from numpy (NaN propagates through its min and max too)
-        sums_np = a.sum(-1, dtype=np.float64 if acc == torch.float64 else np.float32)
-        lo_sum, hi_sum, low = float(sums_np.min()), float(sums_np.max()), float(a.min())
-    else:
-        sums = x.sum(-1, dtype=acc)
-        # NaN and +/-inf anywhere in a row make its sum non-finite, and min / max propagate
-        # NaN: the extreme row sums and the smallest entry settle every check, read in one sync
-        lo_sum, hi_sum, low = torch.stack([sums.min(), sums.max(), x.amin().to(acc)]).tolist()
+    sums = x.sum(-1, dtype=acc)
+    # NaN and +/-inf anywhere in a row make its sum non-finite, and min / max propagate NaN:
+    # the extreme row sums and the smallest entry settle every check, read in one sync
+    lo_sum, hi_sum, low = torch.stack([sums.min(), sums.max(), x.amin().to(acc)]).tolist()
     if not (math.isfinite(lo_sum) and math.isfinite(hi_sum)):
         raise ValueError(f"{name} contains NaN or inf; probabilities must be finite")
     if low < 0:
@@ -196,27 +182,16 @@ def check_inputs(
         check_probs(p, "p", atol)
         check_probs(q, "q", atol)
         if drafts.numel():
-            qn = as_numpy(q)
-            d = drafts.numpy() if qn is not None else drafts
-            if bool(((d < 0) | (d >= V)).any()):
+            if bool(((drafts < 0) | (drafts >= V)).any()):
                 raise ValueError(f"drafts has token ids outside [0, V) = [0, {V})")
-            if qn is not None:
-                flat = d.reshape(-1)
-                low_q = bool((qn.reshape(-1, V)[np.arange(flat.size), flat] <= 0).any())
-            else:
-                low_q = bool((q.gather(-1, drafts.unsqueeze(-1)) <= 0).any())
-            if low_q:
+            if bool((q.gather(-1, drafts.unsqueeze(-1)) <= 0).any()):
                 raise ValueError(
                     "drafts contains token(s) with draft probability q = 0: they cannot have been "
                     "drafted from q; pass the law the drafts were sampled from"
                 )
-        if bool(((pos_t.numpy() if pos_t.device.type == "cpu" else pos_t) < 0).any()):
+        if bool((pos_t < 0).any()):
             raise ValueError("positions must be >= 0 (absolute index of the first drafted token)")
     return drafts, p, q, seeds_t, pos_t
-
-
-#: Largest number of draft branches; coin counters are ``offset * MAX_DRAFTS + branch``.
-MAX_DRAFTS = 256
 
 
 def coin_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int, k: int) -> torch.Tensor:
@@ -229,13 +204,6 @@ def coin_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int, k: int) 
     seeds = torch.as_tensor(seeds, dtype=torch.int64)
     positions = torch.as_tensor(positions, dtype=torch.int64, device=seeds.device)
     positions = positions.expand(seeds.shape)
-    if seeds.device.type == "cpu" and seeds.numel() * g * k <= rng.SMALL_PREFIX:
-        # a few coins (one request's call): hashed in Python floats, the same bits
-        keys = zip(seeds.reshape(-1).tolist(), positions.reshape(-1).tolist(), strict=True)
-        return torch.tensor(
-            [[unit_floats(s, t, STREAM_ACCEPT, range(i * MAX_DRAFTS, i * MAX_DRAFTS + k))
-              for i in range(g)] for s, t in keys],
-            dtype=torch.float64).view(seeds.numel(), g, k)
     i = torch.arange(g, device=seeds.device, dtype=torch.int64).view(1, g, 1)
     j = torch.arange(k, device=seeds.device, dtype=torch.int64).view(1, 1, k)
     return keyed_uniforms(
@@ -292,3 +260,32 @@ def assemble(
     tokens[:, :g] = torch.where(col[:, :g] < accepted.unsqueeze(1), chosen, tokens[:, :g])
     tokens.scatter_(1, accepted.unsqueeze(1), next_token.unsqueeze(1))
     return Verdict(accepted, branch, next_token, tokens)
+
+
+def draft_ratios(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``r[b, j, i] = p[b, j, i, x] / q[b, j, i, x]`` at the drafted ``x``, float64
+    ``[B, k, g]``."""
+    x = drafts.unsqueeze(-1)  # [B, k, g, 1]
+    g = drafts.shape[-1]
+    px = p[:, :, :g].gather(-1, x).squeeze(-1).to(torch.float64)
+    qx = q.gather(-1, x).squeeze(-1).to(torch.float64)
+    return px / qx
+
+
+def emit_residual(p: torch.Tensor, q: torch.Tensor, n: torch.Tensor, w_n: torch.Tensor,
+                  u: torch.Tensor) -> torch.Tensor:
+    """Token emitted at stop position ``n``: ``norm(max(w_n p_n - q_n, 0))`` with ``q_g := 0``.
+
+    ``p [B, g+1, V]``, ``q [B, g, V]``, ``n [B]`` in ``0..g``, ``w_n [B]`` (1 for the token rule
+    and for the bonus), ``u [B]``. At ``n = g`` the weight row is ``w_g p_g``; callers pass
+    ``w_n = 1`` there so the bonus is an exact sample of ``p_g``.
+    """
+    B, g1, V = p.shape
+    g = g1 - 1
+    rows = torch.arange(B, device=p.device)
+    p_n = p[rows, n]  # [B, V]
+    q_n = q[rows, n.clamp(max=max(g - 1, 0))] if g > 0 else torch.zeros_like(p_n)
+    at_end = (n == g).unsqueeze(-1)
+    wts = (w_n.to(torch.float64).unsqueeze(-1) * p_n - torch.where(at_end, 0.0, q_n)).clamp_(
+        min=0.0)
+    return sample_rows(wts, u, fallback=p_n)

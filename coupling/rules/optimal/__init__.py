@@ -1,7 +1,7 @@
 r"""``optimal``: verification whose acceptance equals the LP optimum.
 
-Acceptance: :func:`coupling.optimal.optimal_acceptance` (min-cut prefix scan, exact at
-full vocabulary; see that module for the structure theorem and its cost).
+Acceptance: :func:`optimal_acceptance` (:mod:`.cut`: the min-cut prefix scan, exact at full
+vocabulary; that module has the structure theorem and its cost).
 
 Sampler and exact law
 ---------------------
@@ -10,7 +10,7 @@ Sampler and exact law
 * ``k >= 2``: the rule realises an optimal plan :math:`\pi^\star` of the membership-cost
   LP (the oracle :func:`coupling.solve.solve_coupling`): given the draft tuple ``t``, output
   ``y`` with probability :math:`\pi^\star(t, y) / Q(t)`, by inverse CDF over ``y = 0..V-1``
-  with one uniform (:func:`verify`). The plan is :class:`coupling.optimal.CutPlan`, built
+  with one uniform (:func:`verify`). The plan is :class:`.plan.CutPlan`, built
   through the min cut ``H`` of the prefix scan: a set of drafts with one token in ``H``
   outputs it; the sets hitting ``H`` share their mass over their tokens in ``H``, and the
   sets inside ``H^c`` give each of their tokens exactly ``p`` and send the rest to the
@@ -20,8 +20,8 @@ Sampler and exact law
   the same plan, so the sampler and the joint agree by construction; the law is lossless
   because the plan's columns sum to ``p``, and optimal because its flow meets the cut's value.
 
-  Two drafts (the engine's case) never enumerate tuples: the plan is over the ``U(U+1)/2``
-  sets of the support's ``U`` tokens (:func:`coupling.optimal.pair_sets`), where the whole
+  Two drafts never enumerate tuples: the plan is over the ``U(U+1)/2`` sets of the
+  support's ``U`` tokens (:func:`coupling.draftsets.pair_sets`), where the whole
   LP had ``U^2`` rows and ``U`` columns. ``k >= 3`` enumerates the tuple law. The rule
   raises ``ValueError`` when ``T * U`` (``T`` draft tuples: the size of the whole LP, which
   bounds a part's fallback LP) exceeds :data:`MAX_PLAN_ENTRIES`. The rule works on
@@ -37,61 +37,45 @@ import math
 from collections import OrderedDict
 
 import numpy as np
-from numpy.typing import ArrayLike
 
-from ..dist import tuple_law
-from ..optimal import CutPlan, optimal_acceptance, pair_index, pair_sets
-from . import token as _token
-from ._base import (
-    Rule,
-    categorical,
-    prepare,
-    require_distinct,
-    require_supported,
-    sample_uniform,
-)
+from ...dist import tuple_law
+from ...draftsets import group_by_set, padded_sets, pair_index, pair_sets
+from ..base import Rule
+from ..common import categorical
+from ..token import joint as token_joint
+from ..token import verify as token_verify
+from .cut import optimal_acceptance, optimal_cut, ratio_order
+from .plan import CutPlan, cut_plan
 
-__all__ = ["acceptance", "joint", "sample", "verify", "bound", "plan", "set_plan",
-           "clear_plan_cache", "RULE", "MAX_PLAN_ENTRIES"]
+__all__ = ["optimal_acceptance", "optimal_cut", "ratio_order", "CutPlan", "cut_plan",
+           "set_plan", "plan", "verify", "clear_plan_cache", "Optimal", "RULE",
+           "MAX_PLAN_ENTRIES"]
 
 #: Largest ``T * V`` (draft tuples times vocabulary) for which the LP plan is built.
 MAX_PLAN_ENTRIES = 4_000_000
 CACHE_SIZE = 8
-BOUND_TEXT = "= OPT (LP optimum, min-cut prefix scan; Hu et al. 2025)"
 
 _cache: OrderedDict = OrderedDict()
 
 
-def _supports(k: int, replacement: bool) -> bool:
-    return k >= 1
-
-
-def acceptance(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True) -> float:
-    k = require_supported(RULE, k, replacement)
-    return optimal_acceptance(p, q, k, replacement=replacement)
-
-
-class _SetPlan:
-    """The rule's optimal plan, by draft *set* (:class:`coupling.optimal.CutPlan`): a tuple's
-    conditional output law is its set's row. Sets of two drafts are
-    :func:`coupling.optimal.pair_sets`; for ``k >= 3``, ``tuple_set[t]`` is the set of
-    ``tuple_law``'s tuple ``t``."""
+class SetPlan:
+    """The rule's optimal plan, by draft *set* (:class:`.plan.CutPlan`): a tuple's conditional
+    output law is its set's row. Sets of two drafts are :func:`coupling.draftsets.pair_sets`;
+    for ``k >= 3``, ``tuple_set[t]`` is the set of ``tuple_law``'s tuple ``t``."""
 
     def __init__(self, p: np.ndarray, q: np.ndarray, k: int, replacement: bool):
         self.tuple_set = self.tuples = None
         if k == 2:
             sets, mass = pair_sets(q, replacement)
         else:
-            from ..solve import _group_by_set, padded_sets
-
             self.tuples, probs = tuple_law(q, k, replacement=replacement)
-            self.tuple_set, mass, members = _group_by_set(self.tuples, probs, p.size)
+            self.tuple_set, mass, members = group_by_set(self.tuples, probs, p.size)
             sets = padded_sets(members)
         self.plan = CutPlan(p, q, k, replacement, sets, mass)
 
 
-def set_plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> _SetPlan:
-    """Cached optimal plan over draft sets (:class:`_SetPlan`), for validated ``p, q``; its
+def set_plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> SetPlan:
+    """Cached optimal plan over draft sets (:class:`SetPlan`), for validated ``p, q``; its
     parts are solved as rows ask for them."""
     V = p.size
     T = V**k if replacement else math.perm(V, k)
@@ -99,17 +83,13 @@ def set_plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> _SetPla
         raise ValueError(
             f"the optimal rule for k={k} >= 2 samples from an exact LP plan with T*V = {T * V:.3g} "
             f"entries (> {MAX_PLAN_ENTRIES:.3g}); no exact large-vocabulary sampler for k >= 2 is "
-            "implemented. Use optimal_acceptance for the number, or rrs/kseq to sample"
-        )
+            "implemented. Use optimal_acceptance for the number, or rrs/kseq to sample")
     key = (p.tobytes(), q.tobytes(), k, replacement)
     hit = _cache.get(key)
     if hit is not None:
         _cache.move_to_end(key)
         return hit
-    if not replacement and np.count_nonzero(q) < k:
-        raise ValueError(f"cannot draw k={k} distinct tokens without replacement: q has only "
-                         f"{np.count_nonzero(q)} token(s) of positive probability")
-    _cache[key] = _SetPlan(p, q, k, replacement)
+    _cache[key] = SetPlan(p, q, k, replacement)
     while len(_cache) > CACHE_SIZE:
         _cache.popitem(last=False)
     return _cache[key]
@@ -121,10 +101,8 @@ def plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> tuple[np.nd
     scaled to the tuple's probability (so the sampler and this joint agree by construction)."""
     sp = set_plan(p, q, k, replacement)
     tuples, probs = tuple_law(q, k, replacement=replacement)
-    if k == 2:
-        rows = pair_index(tuples[:, 0], tuples[:, 1], p.size, replacement)
-    else:
-        rows = sp.tuple_set
+    rows = pair_index(tuples[:, 0], tuples[:, 1], p.size, replacement) if k == 2 \
+        else sp.tuple_set
     P = sp.plan.dense()
     set_mass = P.sum(axis=1)[rows]
     share = np.divide(probs, set_mass, out=np.zeros_like(probs), where=set_mass > 0)
@@ -132,39 +110,22 @@ def plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> tuple[np.nd
 
 
 def clear_plan_cache() -> None:
-    """Forget the cached LP plans (benchmarks time a fresh solve: on real text every
-    verification call brings new laws, so the cache never hits there)."""
+    """Forget the cached plans (a benchmark times a fresh solve: on real text every call
+    brings new laws, so the cache never hits there)."""
     _cache.clear()
 
 
-def joint(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True) -> np.ndarray:
-    k = require_supported(RULE, k, replacement)
-    pa, qa, _ = prepare(p, q)
-    if k == 1:
-        return _token.joint(pa, qa)
-    return plan(pa, qa, k, replacement)[0]
-
-
-def verify(
-    p: np.ndarray,
-    q: np.ndarray,
-    drafts: np.ndarray,
-    u: float,
-    *,
-    replacement: bool = True,
-    u_resid: float | None = None,
-) -> int:
-    """Deterministic core. ``k = 1``: token rule with ``(u, u_resid)``; ``k >= 2``: one
-    uniform ``u`` for the inverse CDF of the plan row of the drafted tuple's set."""
-    if drafts.size == 1:
-        return _token.verify(p, q, int(drafts[0]), u, 0.5 if u_resid is None else u_resid)
+def verify(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, u: float, *,
+           replacement: bool = True) -> int:
+    """Deterministic core for ``k >= 2`` drafts: one uniform ``u`` for the inverse CDF of the
+    plan row of the drafted tuple's set (validated laws)."""
     # Tokens with p = q = 0 are never drafted and never output: build the plan on the union
     # of the supports only. Exact, and what makes the rule usable on a 49152-token
     # vocabulary after top-k / top-p truncation.
     support = np.flatnonzero((p > 0) | (q > 0))
-    # renormalised here, so every caller (the torch backend's float32 laws included) hands the
-    # plan the very same floats for the same law: a part solved by LP may pick another
-    # optimal vertex for laws one ulp apart
+    # renormalised here, so every caller (float32 laws included) hands the plan the very same
+    # floats for the same law: a part solved by LP may pick another optimal vertex for laws
+    # one ulp apart
     ps, qs = p[support], q[support]
     sp = set_plan(ps / ps.sum(), qs / qs.sum(), drafts.size, replacement)
     local = np.searchsorted(support, drafts)
@@ -184,36 +145,28 @@ def verify(
     return int(support[categorical(row, u)])
 
 
-def sample(
-    p: ArrayLike,
-    q: ArrayLike,
-    drafts: ArrayLike,
-    rng: np.random.Generator,
-    *,
-    replacement: bool = True,
-) -> int:
-    pa, qa, d = prepare(p, q, drafts)
-    k = require_supported(RULE, d.size, replacement)
-    require_distinct(d, replacement)
-    if k == 1:
-        return _token.verify(pa, qa, int(d[0]), sample_uniform(rng), sample_uniform(rng))
-    return verify(pa, qa, d, sample_uniform(rng), replacement=replacement)
+class Optimal(Rule):
+    """The LP optimum: sample the drafted set's row of an optimal coupling."""
+
+    name = "optimal"
+    title = "LP-optimal verification (min-cut value, plan built through the cut)"
+    reference = "Sun et al. 2023 (SpecTr, the LP); Hu et al., ICLR 2025 (the min-cut dual)"
+    bound_text = "= OPT (LP optimum, min-cut prefix scan; Hu et al. 2025)"
+
+    def _acceptance(self, p, q, k, replacement):
+        return optimal_acceptance(p, q, k, replacement=replacement)
+
+    def _joint(self, p, q, k, replacement):
+        return token_joint(p, q) if k == 1 else plan(p, q, k, replacement)[0]
+
+    def _verify(self, p, q, drafts, u, replacement):
+        if drafts.size == 1:   # speculative sampling is optimal for one draft
+            return token_verify(p, q, int(drafts[0]), float(u[0]), float(u[1]))
+        return verify(p, q, drafts, float(u[-1]), replacement=replacement)
+
+    def _bound(self, p, q, k, replacement):
+        a = optimal_acceptance(p, q, k, replacement=replacement)
+        return a, a
 
 
-def bound(
-    p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True
-) -> tuple[float, float]:
-    a = acceptance(p, q, k, replacement=replacement)
-    return (a, a)
-
-
-RULE = Rule(
-    name="optimal",
-    support_text="the optimal rule supports any k >= 1, with or without replacement",
-    bound_text=BOUND_TEXT,
-    _supports=_supports,
-    _acceptance=acceptance,
-    _joint=joint,
-    _sample=sample,
-    _bound=bound,
-)
+RULE = Optimal()

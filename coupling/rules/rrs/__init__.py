@@ -49,29 +49,16 @@ last step's rejection mass. ``k = 2`` has an O(V log V) form (the first residual
 from __future__ import annotations
 
 import numpy as np
-from numpy.typing import ArrayLike
 
-from ..dist import tuple_law
-from ..optimal import _rest
-from ._base import (
-    Rule,
-    categorical,
-    prepare,
-    require_distinct,
-    require_supported,
-    sample_uniform,
-)
+from ...dist import tuple_law
+from ...draftsets import others_sum
+from ..base import Rule
+from ..common import categorical
 
-__all__ = ["acceptance", "joint", "sample", "verify", "bound", "RULE", "MAX_PATH_WORK"]
+__all__ = ["acceptance", "joint", "verify", "RecursiveRejection", "RULE", "MAX_PATH_WORK"]
 
 #: Largest V**k for the exact path enumeration (without replacement, k >= 3).
 MAX_PATH_WORK = 20_000_000
-
-BOUND_TEXT = ">= 1 - TV (its first step is speculative sampling) and <= OPT"
-
-
-def _supports(k: int, replacement: bool) -> bool:
-    return k >= 1
 
 
 def _next_residual(r: np.ndarray, qi: np.ndarray) -> np.ndarray:
@@ -81,26 +68,14 @@ def _next_residual(r: np.ndarray, qi: np.ndarray) -> np.ndarray:
     return d / z if z > 0 else r
 
 
-def _check_wor(q: np.ndarray, k: int) -> None:
-    if np.count_nonzero(q) < k:
-        raise ValueError(
-            f"cannot draw k={k} distinct tokens without replacement: q has only "
-            f"{np.count_nonzero(q)} token(s) of positive probability; "
-            "lower k or use replacement=True"
-        )
-
-
-def acceptance(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True) -> float:
+def acceptance(pa: np.ndarray, qa: np.ndarray, k: int, replacement: bool = True) -> float:
     """Exact acceptance (closed form with replacement; see module doc for the cost without)."""
-    k = require_supported(RULE, k, replacement)
-    pa, qa, _ = prepare(p, q)
     if replacement or k == 1:
         r, reject = pa, 1.0
         for _ in range(k):
             reject *= 1.0 - float(np.minimum(r, qa).sum())
             r = _next_residual(r, qa)
         return float(1.0 - reject)
-    _check_wor(qa, k)
     if k == 2:
         return float(1.0 - _reject2_wor(pa, qa))
     V = pa.size
@@ -119,14 +94,14 @@ def _reject2_wor(p: np.ndarray, q: np.ndarray) -> float:
     x1 = np.flatnonzero(w1 > 0)
     if x1.size == 0:
         return 0.0
-    rest = _rest(q)[x1]  # 1 - q_x1 without cancellation when q_x1 is near 1
+    rest = others_sum(q)[x1]  # 1 - q_x1 without cancellation when q_x1 is near 1
     # second step, given x1: rejection mass S = sum_{y != x1} (c q_y - r1_y)_+, a sum over the
     # y with r1_y / q_y < c. Split the y with r1_y = 0 (group G0, which contains x1) from
     # the rest, so that x1's own term is excluded exactly instead of subtracted.
     g0 = (q > 0) & (r1 == 0)
     q0 = q[g0]
     pos_in_g0 = np.cumsum(g0) - 1  # index of each G0 token inside q0
-    other0 = _rest(q0)[pos_in_g0[x1]]  # q-mass of G0 without x1
+    other0 = others_sum(q0)[pos_in_g0[x1]]  # q-mass of G0 without x1
     m = (q > 0) & (r1 > 0)
     # the y with r1_y / q_y < c = 1 / (1 - q_x1), found in the order of r1 / q; compared as
     # logarithms, since with a subnormal q_y or 1 - q_x1 the ratios overflow to inf and tie
@@ -174,10 +149,8 @@ def _chain(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, replacement: bool):
     return steps, r
 
 
-def joint(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True) -> np.ndarray:
+def joint(pa: np.ndarray, qa: np.ndarray, k: int, replacement: bool = True) -> np.ndarray:
     """Exact law ``[T, V]`` of (draft tuple, output), rows in ``tuple_law`` order."""
-    k = require_supported(RULE, k, replacement)
-    pa, qa, _ = prepare(p, q)
     tuples, probs = tuple_law(qa, k, replacement=replacement)
     T, V = tuples.shape[0], pa.size
     J = np.zeros((T, V))
@@ -219,38 +192,28 @@ def verify(
     return categorical(r, u_resid)
 
 
-def sample(
-    p: ArrayLike,
-    q: ArrayLike,
-    drafts: ArrayLike,
-    rng: np.random.Generator,
-    *,
-    replacement: bool = True,
-) -> int:
-    pa, qa, d = prepare(p, q, drafts)
-    require_supported(RULE, d.size, replacement)
-    require_distinct(d, replacement)
-    u = np.array([sample_uniform(rng) for _ in range(d.size)])
-    return verify(pa, qa, d, u, sample_uniform(rng), replacement=replacement)
+class RecursiveRejection(Rule):
+    """Recursive rejection sampling: each draft in turn is a speculative-sampling test against
+    the residual the earlier rejections left."""
+
+    name = "rrs"
+    title = "recursive rejection sampling"
+    reference = "SpecInfer (Miao et al. 2024); Yang et al. 2024; Jeon et al. 2024"
+    bound_text = ">= 1 - TV (its first step is speculative sampling) and <= OPT"
+
+    def _acceptance(self, p, q, k, replacement):
+        return acceptance(p, q, k, replacement)
+
+    def _joint(self, p, q, k, replacement):
+        return joint(p, q, k, replacement)
+
+    def _verify(self, p, q, drafts, u, replacement):
+        return verify(p, q, drafts, u[:-1], float(u[-1]), replacement=replacement)
+
+    def _bound(self, p, q, k, replacement):
+        from ..optimal import optimal_acceptance
+
+        return float(np.minimum(p, q).sum()), optimal_acceptance(p, q, k, replacement=replacement)
 
 
-def bound(
-    p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True
-) -> tuple[float, float]:
-    from ..optimal import optimal_acceptance
-
-    k = require_supported(RULE, k, replacement)
-    pa, qa, _ = prepare(p, q)
-    return (float(np.minimum(pa, qa).sum()), optimal_acceptance(pa, qa, k, replacement=replacement))
-
-
-RULE = Rule(
-    name="rrs",
-    support_text="recursive rejection sampling supports any k >= 1, with or without replacement",
-    bound_text=BOUND_TEXT,
-    _supports=_supports,
-    _acceptance=acceptance,
-    _joint=joint,
-    _sample=sample,
-    _bound=bound,
-)
+RULE = RecursiveRejection()

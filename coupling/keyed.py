@@ -1,0 +1,176 @@
+r"""Counter-based randomness keyed by (seed, position): batch-, device- and backend-invariant.
+
+Why not one generator per request? A generator is stateful: the uniforms a request receives
+would depend on how many draws earlier requests (or earlier calls) consumed, i.e. on batching.
+Instead every uniform is a *pure function* of integers
+
+.. math::
+
+    U(s, t, c, j) = \big(\lfloor h(s, t, c, j) / 2^{11} \rfloor + \tfrac12\big)\, 2^{-53}
+    \in (0, 1),
+
+where ``s`` is the request's seed, ``t`` an absolute sequence position (the position of the
+first drafted token of a verification call; for Gumbel noise, the position of the token the
+noise decides), ``c`` a *stream* id (``STREAM_*``) and ``j`` a counter inside the stream
+(offset in the block, draft index, vocabulary index). The hash chains the SplitMix64
+finaliser ``m`` (Steele, Lea & Flood, "Fast splittable pseudorandom number generators",
+OOPSLA 2014)::
+
+    h = m(m(m(m(s + g) ^ (t + g)) ^ (c + g)) ^ (j + g)),   g = 0x9E3779B97F4A7C15
+
+in wrapping uint64 arithmetic. Each stage is a bijection of its xor-ed input, so for a fixed
+prefix of the key distinct ``t`` (or ``c``, ``j``) give distinct hashes. The uniforms lie
+strictly inside (0, 1) on a grid of step ``2**-53``, so ``-log(u)`` and ``-log(-log(u))`` are
+always finite.
+
+The hash is written once (:func:`mix`, :func:`hash_prefix`, :func:`to_unit`) over a two-entry
+array backend: numpy ``uint64`` (:data:`NUMPY`) and torch ``int64`` holding the same bit
+patterns (:func:`torch_backend`, right shifts masked to be logical). Both give the same bits,
+so a request verified by a numpy core and by a batched torch twin draws the same numbers.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "STREAM_ACCEPT",
+    "STREAM_SAMPLE",
+    "STREAM_GUMBEL",
+    "STREAM_DRAFT",
+    "MAX_DRAFTS",
+    "GOLDEN",
+    "Backend",
+    "NUMPY",
+    "torch_backend",
+    "mix",
+    "hash_prefix",
+    "keyed_hash",
+    "to_unit",
+    "uniforms",
+    "call_uniforms",
+    "gumbel_noise",
+]
+
+#: acceptance tests (counter: offset * MAX_DRAFTS + branch)
+STREAM_ACCEPT = 0
+#: the token emitted at an offset, by inverse CDF (counter: the offset)
+STREAM_SAMPLE = 1
+#: Gumbel noise of the Gumbel-max coupling (counter: vocabulary index)
+STREAM_GUMBEL = 2
+#: free for drafters that want keyed randomness of their own
+STREAM_DRAFT = 3
+#: the largest number of draft branches; coin counters are ``offset * MAX_DRAFTS + branch``
+MAX_DRAFTS = 256
+
+#: the golden-ratio increment g of SplitMix64
+GOLDEN = 0x9E3779B97F4A7C15
+_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+class Backend(NamedTuple):
+    """The array operations the hash needs beyond ``^``, ``*``, ``+`` and ``&``.
+
+    ``key(x)``: integer keys as hash words; ``const(c)``: a uint64 constant as a hash word;
+    ``shift(z, s, out)``: ``z >> s`` into ``out`` (arithmetic or logical: the caller masks);
+    ``empty_like``; ``unit(h)``: the top 53 bits of ``h`` as float64 (exact).
+    """
+
+    key: Callable
+    const: Callable
+    shift: Callable
+    empty_like: Callable
+    unit: Callable
+
+
+NUMPY = Backend(
+    key=lambda x: np.array(x, dtype=np.uint64, ndmin=1),
+    const=np.uint64,
+    shift=lambda z, s, out: np.right_shift(z, np.uint64(s), out=out),
+    empty_like=np.empty_like,
+    unit=lambda h: (h >> np.uint64(11)).astype(np.float64),
+)
+
+
+def _signed(c: int) -> int:
+    """The int64 bit pattern of the uint64 constant ``c``."""
+    return c - (1 << 64) if c >= (1 << 63) else c
+
+
+@functools.cache
+def torch_backend() -> Backend:
+    """The torch backend (int64 tensors holding uint64 bit patterns); imports torch."""
+    import torch
+
+    def unit(h):
+        return (h >> 11).bitwise_and_((1 << 53) - 1).to(torch.float64)
+
+    return Backend(
+        key=lambda x: torch.as_tensor(x, dtype=torch.int64),
+        const=_signed,
+        shift=lambda z, s, out: torch.bitwise_right_shift(z, s, out=out),
+        empty_like=torch.empty_like,
+        unit=unit,
+    )
+
+
+def mix(z, xp: Backend):
+    """The SplitMix64 finaliser (a bijection of uint64), **in place** on ``z`` (a fresh array):
+    one scratch array instead of a temporary per operation."""
+    t = xp.empty_like(z)
+    for shift, mult in ((30, _M1), (27, _M2), (31, None)):
+        xp.shift(z, shift, t)
+        t &= xp.const((1 << (64 - shift)) - 1)       # logical shift on signed words
+        z ^= t
+        if mult is not None:
+            z *= xp.const(mult)
+    return z
+
+
+def hash_prefix(seed, position, stream: int, xp: Backend):
+    """``m(m(m(s + g) ^ (t + g)) ^ (c + g))``: the hash of a key without its counter
+    (broadcast shape of ``seed`` and ``position``)."""
+    g = xp.const(GOLDEN)
+    h = mix(xp.key(seed) + g, xp)
+    h = mix(h ^ (xp.key(position) + g), xp)
+    return mix(h ^ (xp.key(stream) + g), xp)
+
+
+def keyed_hash(seed, position, stream: int, counter, xp: Backend = NUMPY):
+    """``h(seed, position, stream, counter)``; the arguments broadcast."""
+    return mix(hash_prefix(seed, position, stream, xp) ^ (xp.key(counter) + xp.const(GOLDEN)),
+               xp)
+
+
+def to_unit(h, xp: Backend = NUMPY):
+    """Float64 uniforms strictly inside (0, 1): the top 53 bits, centred in their cell."""
+    return (xp.unit(h) + 0.5) * 2.0**-53
+
+
+def uniforms(seed, position, stream: int, counter, xp: Backend = NUMPY):
+    """``U(seed, position, stream, counter)`` as float64 (the arguments broadcast)."""
+    return to_unit(keyed_hash(seed, position, stream, counter, xp), xp)
+
+
+def call_uniforms(seed: int, position: int, gamma: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """One request's verification call in numpy: ``(coins [gamma, k], u [gamma + 1])``, the
+    coin of branch ``j`` at offset ``i`` (``STREAM_ACCEPT``, counter ``i * MAX_DRAFTS + j``) and
+    the draw of the token emitted at offset ``i`` (``STREAM_SAMPLE``, counter ``i``): the very
+    numbers a torch twin draws for this request in any batch."""
+    counters = (np.arange(gamma, dtype=np.uint64)[:, None] * np.uint64(MAX_DRAFTS)
+                + np.arange(k, dtype=np.uint64)[None, :])
+    coins = uniforms(seed, position, STREAM_ACCEPT, counters)
+    u = uniforms(seed, position, STREAM_SAMPLE, np.arange(gamma + 1, dtype=np.uint64))
+    return coins.reshape(gamma, k), u
+
+
+def gumbel_noise(seed: int, positions, tokens) -> np.ndarray:
+    """Standard Gumbel noise ``-log(-log U(seed, position, STREAM_GUMBEL, token))`` in numpy,
+    ``[len(positions), len(tokens)]``: the entries of the torch twins' keyed noise vectors."""
+    pos = np.asarray(positions, dtype=np.uint64).reshape(-1, 1)
+    u = uniforms(seed, pos, STREAM_GUMBEL, np.asarray(tokens, dtype=np.uint64).reshape(1, -1))
+    return -np.log(-np.log(u))

@@ -1,0 +1,299 @@
+r"""What every verification rule is: the :class:`Rule` base class and its shared pieces.
+
+Glossary
+--------
+``p``
+    the target's next-token law, ``[V]`` (float64, or exact Fractions where noted).
+``q``
+    the draft's law, ``[V]``: the law the drafts were sampled from.
+``k``
+    the number of drafts judged at once; ``replacement`` says how they were drawn: i.i.d.
+    (``True``) or distinct by successive sampling (``False``, e.g. Gumbel-top-k).
+uniforms
+    every sampler is a deterministic core fed explicit uniforms in ``[0, 1)``: one *coin* per
+    draft, then one *draw* for the emitted token (inverse CDF in token order), unless a rule
+    says otherwise (:meth:`Rule.n_uniforms`). Engines pass keyed uniforms, tests pass their
+    own, samplers pass ``rng.random``.
+gamma, block, tree
+    a call verifies ``k`` branches of ``gamma`` drafted tokens each, with the laws along every
+    branch: ``drafts [k, gamma]``, ``p [k, gamma + 1, V]`` (the last row is the bonus law),
+    ``q [k, gamma, V]``; it emits the accepted prefix of one branch and one more token.
+
+A rule subclasses :class:`Rule`, declares what it is (``name``, ``reference``, which draft laws
+and how many drafts it takes, whether it is lossless or drafter-invariant) and implements the
+hooks ``_acceptance``, ``_joint``, ``_verify``, ``_bound`` on validated float64 arrays. The
+base class validates every public call once, draws the uniforms, lifts the single-step rule
+to blocks and trees (:mod:`coupling.rules.walk`), and finds the batched torch twin in the
+rule's folder (``coupling.rules.<name>.torch``, imported on first use).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+from collections.abc import Callable
+from typing import ClassVar
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from ..dist import check_pair, validate_drafts, validate_k, validate_replacement
+from .common import check_uniforms, require_generator
+from .walk import survivor_counts, walk, walk_outcomes
+
+__all__ = ["Rule"]
+
+
+class Rule:
+    """A verification rule: a coupling of ``k`` drafts from ``q`` with an output of law ``p``.
+
+    Subclasses set the class attributes and implement the hooks (module doc). Every public
+    method validates its inputs (``ValueError``/``TypeError`` naming the argument) and works on
+    probability vectors; the hooks receive validated float64 arrays.
+    """
+
+    #: registry name (``coupling.rules.RULES[name]``)
+    name: ClassVar[str] = ""
+    #: one line: what the rule is
+    title: ClassVar[str] = ""
+    #: the paper(s) it comes from
+    reference: ClassVar[str] = ""
+    #: the largest number of drafts judged at once (``None``: any)
+    max_drafts: ClassVar[int | None] = None
+    #: the draft laws it is defined for: ``True`` i.i.d., ``False`` distinct (successive)
+    draft_laws: ClassVar[tuple[bool, ...]] = (True, False)
+    #: whether its output has exactly the target law (else it reports its distortion)
+    lossless: ClassVar[bool] = True
+    #: whether its output under a fixed seed does not depend on the drafter
+    drafter_invariant: ClassVar[bool] = False
+    #: ``"token"``: a single-step coupling, lifted to blocks and trees by the walk;
+    #: ``"block"``: it judges a drafted block as a whole (no single-step form of its own)
+    unit: ClassVar[str] = "token"
+    #: its guarantee, in words (what :meth:`bound` returns)
+    bound_text: ClassVar[str] = ""
+
+    # ------------------------------------------------------------------ what it supports
+    @property
+    def support_text(self) -> str:
+        drafts = "one draft (k = 1)" if self.max_drafts == 1 else (
+            "any k >= 1" if self.max_drafts is None else f"k <= {self.max_drafts}")
+        laws = {(True, False): "i.i.d. or distinct drafts", (True,): "i.i.d. drafts "
+                "(replacement=True)", (False,): "distinct drafts (replacement=False)"}
+        tail = "" if self.max_drafts == 1 else f", {laws[self.draft_laws]}"
+        return f"{self.name} takes {drafts}{tail}"
+
+    def supports(self, k: int = 1, replacement: bool = True) -> bool:
+        """Whether the rule verifies ``k`` drafts (or ``k`` branches) of the given draft law.
+
+        ``ValueError`` for a ``k`` that is not a positive integer or a ``replacement`` that is
+        not a bool, as every other method raises on them.
+        """
+        k, replacement = validate_k(k), validate_replacement(replacement)
+        if self.max_drafts is not None and k > self.max_drafts:
+            return False
+        return k == 1 or replacement in self.draft_laws
+
+    def require(self, k: int, replacement: bool) -> tuple[int, bool]:
+        """``(k, replacement)`` validated, or ``ValueError`` saying what the rule takes."""
+        if not self.supports(k, replacement):
+            raise ValueError(f"rule {self.name!r} does not support k={k}, "
+                             f"replacement={replacement}; {self.support_text}")
+        return int(k), bool(replacement)
+
+    def prepare(self, p: ArrayLike, q: ArrayLike, k: int,
+                replacement: bool) -> tuple[np.ndarray, np.ndarray, int, bool]:
+        """Validated ``(p, q, k, replacement)`` for a single-step call."""
+        self._single_step()
+        k, replacement = self.require(k, replacement)
+        pa, qa = check_pair(p, q)
+        if not replacement and k > 1 and np.count_nonzero(qa) < k:
+            raise ValueError(f"cannot draw k={k} distinct tokens without replacement: q has "
+                             f"only {np.count_nonzero(qa)} token(s) of positive probability; "
+                             "lower k or use replacement=True")
+        return pa, qa, k, replacement
+
+    # ------------------------------------------------------------------ single step
+    def acceptance(self, p: ArrayLike, q: ArrayLike, k: int = 1, *,
+                   replacement: bool = True) -> float:
+        """Probability that the output is one of the ``k`` drafts (closed form or exact)."""
+        pa, qa, k, replacement = self.prepare(p, q, k, replacement)
+        return min(1.0, max(0.0, float(self._acceptance(pa, qa, k, replacement))))
+
+    def joint(self, p: ArrayLike, q: ArrayLike, k: int = 1, *,
+              replacement: bool = True) -> np.ndarray:
+        """Exact law ``[T, V]`` of (draft tuple, output), rows in
+        :func:`coupling.dist.tuple_law` order."""
+        pa, qa, k, replacement = self.prepare(p, q, k, replacement)
+        return self._joint(pa, qa, k, replacement)
+
+    def bound(self, p: ArrayLike, q: ArrayLike, k: int = 1, *,
+              replacement: bool = True) -> tuple[float, float]:
+        """``(lower, upper)``: the rule's own guarantee on its acceptance (:attr:`bound_text`)."""
+        pa, qa, k, replacement = self.prepare(p, q, k, replacement)
+        lo, hi = self._bound(pa, qa, k, replacement)
+        return float(lo), float(hi)
+
+    def n_uniforms(self, k: int, V: int) -> int:
+        """How many uniforms :meth:`verify` reads: a coin per draft and the emitted-token draw."""
+        return k + 1
+
+    #: whether the uniforms must lie strictly inside (0, 1) (e.g. for ``-log(-log u)``)
+    open_uniforms: ClassVar[bool] = False
+
+    def verify(self, p: ArrayLike, q: ArrayLike, drafts: ArrayLike, u: ArrayLike, *,
+               replacement: bool = True) -> int:
+        """The deterministic core: the output token for these drafts and explicit uniforms
+        ``u`` (:meth:`n_uniforms` of them)."""
+        pa, qa, d, replacement = self._prepare_drafts(p, q, drafts, replacement)
+        u = check_uniforms(u, self.n_uniforms(d.size, pa.size), open_interval=self.open_uniforms)
+        return int(self._verify(pa, qa, d, u, replacement))
+
+    def sample(self, p: ArrayLike, q: ArrayLike, drafts: ArrayLike, rng: np.random.Generator,
+               *, replacement: bool = True) -> int:
+        """One verification step: :meth:`verify` with uniforms from ``rng``."""
+        pa, qa, d, replacement = self._prepare_drafts(p, q, drafts, replacement)
+        u = self.draw_uniforms(require_generator(rng), self.n_uniforms(d.size, pa.size))
+        return int(self._verify(pa, qa, d, u, replacement))
+
+    def draw_uniforms(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """``n`` uniforms from ``rng`` in the rule's interval."""
+        u = rng.random(n)
+        if self.open_uniforms:   # a zero has probability 2**-53 per draw; keep (0, 1) exact
+            u = np.where(u > 0, u, np.nextafter(0.0, 1.0))
+        return u
+
+    def _single_step(self) -> None:
+        if self.unit != "token":
+            raise ValueError(f"rule {self.name!r} judges a drafted block as a whole and has no "
+                             "single-step form: use coupling.block_efficiency, "
+                             f"RULES[{self.name!r}].verify_block or its torch twin")
+
+    def _prepare_drafts(self, p, q, drafts, replacement):
+        self._single_step()
+        if drafts is None:
+            raise TypeError("drafts must be a 1-D array of drafted token ids, got None")
+        pa, qa = check_pair(p, q)
+        d = validate_drafts(drafts, qa)
+        k, replacement = self.require(d.size, replacement)
+        if not replacement and np.unique(d).size != d.size:
+            raise ValueError(f"drafts {d.tolist()} repeat a token but replacement=False "
+                             "promises distinct drafts; pass replacement=True for i.i.d. drafts")
+        return pa, qa, d, replacement
+
+    def chain_step(self, p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One draft along a chain: ``(stay [V], stop [V])``, the probability that the draft
+        and the output are both ``y`` (the walk goes on) and that the output is ``y`` but
+        the draft is not (the call ends). From the joint by default; rules whose closed form
+        also serves exact Fraction laws override it."""
+        J = self._joint(p, q, 1, True)
+        stay = np.diagonal(J).copy()
+        return stay, J.sum(axis=0) - stay
+
+    # ------------------------------------------------------------------ blocks and trees
+    def step(self, replacement: bool = True) -> Callable:
+        """The single-step core on validated laws, as the walk calls it:
+        ``(p, q, survivors' drafts [m], uniforms [m + 1]) -> token``."""
+        self._single_step()
+
+        def step(p, q, drafts, u):
+            return self._verify(p, q, drafts, u, replacement or drafts.size == 1)
+
+        return step
+
+    def verify_block(self, drafts: ArrayLike, p: ArrayLike, q: ArrayLike, coins: ArrayLike,
+                     u: ArrayLike, *, replacement: bool = True,
+                     validate: bool = True) -> tuple[int, int, int]:
+        """Verify one request's ``k`` branches of ``gamma`` drafts with explicit uniforms.
+
+        ``drafts [k, gamma]`` int, ``p [k, gamma + 1, V]``, ``q [k, gamma, V]``,
+        ``coins [gamma, k]``, ``u [gamma + 1]`` (:mod:`coupling.rules.walk`). Returns
+        ``(accepted, branch, next_token)``. ``validate=False`` skips the value checks (the
+        caller vouches for finite, normalised laws and drafts possible under ``q``).
+        """
+        from ..sequence.models import check_tree
+
+        d, P, Q, C, U = check_tree(drafts, p, q, coins, u, values=validate)
+        _, replacement = self.require(d.shape[0], replacement)
+        if not replacement and d.shape[0] > 1 and np.unique(d[:, 0]).size != d.shape[0]:
+            raise ValueError("replacement=False promises k distinct first tokens, but drafts "
+                             "repeats one; pass replacement=True for i.i.d. branches")
+        return self._verify_block(d, P, Q, C, U, replacement)
+
+    def _verify_block(self, drafts, p, q, coins, u, replacement) -> tuple[int, int, int]:
+        return walk(self.step(replacement), drafts, p, q, coins, u)
+
+    def outcomes(self, target: Callable, draft: Callable, gamma: int, context: tuple, *,
+                 k: int = 1, replacement: bool = True):
+        """Yield ``(emitted, accepted, probability)`` for every outcome of one call on two
+        validated, memoised models (:mod:`coupling.sequence`), exactly."""
+        self.require(k, replacement)
+        return walk_outcomes(self, target, draft, gamma, context, k, replacement)
+
+    def sample_call(self, target: Callable, draft: Callable, gamma: int,
+                    rng: np.random.Generator, context: tuple, *, k: int = 1,
+                    replacement: bool = True) -> list[int]:
+        """Draft ``k`` branches from ``draft`` after ``context``, verify them against
+        ``target`` with uniforms from ``rng``; the emitted tokens."""
+        from ..sequence.models import draft_tree
+
+        drafts, P, Q = draft_tree(target, draft, gamma, rng, context, k=k,
+                                  replacement=replacement)
+        coins, u = rng.random((gamma, k)), rng.random(gamma + 1)
+        n, j, y = self._verify_block(drafts, P, Q, coins, u, replacement)
+        return [int(t) for t in drafts[j, :n]] + [int(y)]
+
+    def predict(self, drafts: np.ndarray, p: np.ndarray, q: np.ndarray, branch: int, *,
+                replacement: bool = True) -> list[float]:
+        """Per-offset acceptance along the chosen branch of a recorded call, ``[gamma]``:
+        the rule's single-step acceptance with as many drafts as branches shared the prefix
+        there (:func:`coupling.rules.walk.survivor_counts`), on the laws' joint support."""
+        counts = survivor_counts(np.asarray(drafts), int(branch), replacement)
+        out = []
+        for i, m in enumerate(counts):
+            ps, qs = _on_support(p[branch, i], q[branch, i])
+            repl = replacement or i > 0 or m == 1
+            out.append(float(self._acceptance(ps, qs, m, repl)))
+        return out
+
+    def expected_tokens(self, beta: list[float]) -> float:
+        """Tokens per call predicted from :meth:`predict`'s per-offset acceptances, composed as
+        if the offsets were independent: :math:`\\sum_{j=0}^{g} \\prod_{i \\le j} \\beta_i`."""
+        out, prod = 1.0, 1.0
+        for b in beta:
+            prod *= float(b)
+            out += prod
+        return out
+
+    # ------------------------------------------------------------------ torch twin
+    @property
+    def torch(self):
+        """The batched torch twin, ``coupling.rules.<name>.torch`` (imported on first use)."""
+        return importlib.import_module(f"coupling.rules.{self.name}.torch")
+
+    # ------------------------------------------------------------------ hooks
+    def _acceptance(self, p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> float:
+        raise NotImplementedError
+
+    def _joint(self, p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> np.ndarray:
+        raise NotImplementedError
+
+    def _verify(self, p: np.ndarray, q: np.ndarray, drafts: np.ndarray, u: np.ndarray,
+                replacement: bool) -> int:
+        raise NotImplementedError
+
+    def _bound(self, p: np.ndarray, q: np.ndarray, k: int,
+               replacement: bool) -> tuple[float, float]:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<rule {self.name!r}: {self.title}>"
+
+
+def _on_support(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(p, q)`` restricted to the tokens where either has mass, in float64, renormalised
+    (tokens outside both carry no mass and change no single-step quantity)."""
+    p = np.asarray(p, dtype=np.float64)
+    q = np.asarray(q, dtype=np.float64)
+    keep = (p > 0) | (q > 0)
+    ps, qs = p[keep], q[keep]
+    return ps / math.fsum(ps.tolist()), qs / math.fsum(qs.tolist())

@@ -1,0 +1,56 @@
+"""``optimal``'s batched torch twin: the exact optimal coupling at every node of the draft tree.
+
+With one survivor it is the token rule (optimal for one draft), vectorised. With ``m >= 2``
+survivors it samples the drafted set's row of the optimal plan built through the min cut
+(:func:`coupling.rules.optimal.verify`): the plan's closed forms and LP fallbacks are numpy
+code by nature (POT), so those rows leave the device for a Python loop. It works on the union
+of the supports, whose pair sets grow as ``U^2``; there is no exact sampler for wide supports,
+and it raises ``ValueError`` rather than approximate
+(:data:`coupling.rules.optimal.MAX_PLAN_ENTRIES`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...torch_backend.common import Verdict
+from ...torch_backend.tree import StepFn, verify_tree
+from ..rrs.torch import step as rrs_step
+from . import verify as plan_verify
+
+__all__ = ["verify", "step"]
+
+
+def step(replacement: bool) -> StepFn:
+    """The single-step rule on the unfinished rows (:data:`coupling.torch_backend.tree.StepFn`)."""
+    token_step = rrs_step(True)  # with one draft, rrs is exactly the token rule
+
+    def step(p_i, q_i, x, alive, coins, u, i, act):
+        y = token_step(p_i, q_i, x, alive & (torch.cumsum(alive, -1) == 1), coins, u, i, act)
+        multi = alive.sum(-1) >= 2
+        if not bool(multi.any()):
+            return y
+        # m >= 2 survivors: sample the draft tuple's row of an exact LP plan (numpy, per row)
+        y = y.clone()
+        idx = torch.nonzero(multi).squeeze(1).tolist()
+        P = p_i[idx].detach().to(torch.float64).cpu().numpy()
+        Q = q_i[idx].detach().to(torch.float64).cpu().numpy()
+        X, A, U = x[idx].cpu().numpy(), alive[idx].cpu().numpy(), u[idx].cpu().numpy()
+        for n, b in enumerate(idx):    # (verify renormalises the laws on their support)
+            out = plan_verify(P[n], Q[n], X[n][A[n]], float(U[n]), replacement=replacement)
+            y[b] = out
+        return y
+
+    return step
+
+
+def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
+           seeds: torch.Tensor | int, positions: torch.Tensor | int,
+           replacement: bool = True, accept_u: torch.Tensor | None = None,
+           sample_u: torch.Tensor | None = None, validate: bool = True,
+           atol: float | None = None) -> Verdict:
+    """LP-optimal verification over draft trees, batched (arguments as
+    :func:`coupling.rules.rrs.torch.verify`)."""
+    return verify_tree(step(replacement), drafts, p, q, seeds, positions,
+                       replacement=replacement, validate=validate, atol=atol, accept_u=accept_u,
+                       sample_u=sample_u, rule="optimal")

@@ -1,0 +1,51 @@
+"""Speculative decoding over whole sequences: models, exact analysis, block LPs, predictions.
+
+:mod:`.models` (language models and validation), :mod:`.paths` (exact laws of a call and of
+the generated stream, for any rule), :mod:`.lp` (the block-level LPs: what any verifier could
+achieve), :mod:`.predict` (tokens per call predicted from recorded laws), :mod:`.example`
+(Sun et al.'s motivating example).
+"""
+
+from .example import motivating_example
+from .lp import (
+    VerifierLP,
+    full_information_accepted,
+    optimal_block_efficiency,
+    optimal_expected_accepted,
+    verifier_lp,
+)
+from .models import LanguageModel, TabularLM, TraceLM
+from .paths import (
+    accepted_length_law,
+    block_efficiency,
+    constant_acceptance_efficiency,
+    expected_accepted,
+    path_law,
+    sample_stream,
+    stream_law,
+    target_law,
+)
+from .predict import conditional_tokens, optimal_tokens, predicted_tokens
+
+__all__ = [
+    "LanguageModel",
+    "TabularLM",
+    "TraceLM",
+    "path_law",
+    "accepted_length_law",
+    "expected_accepted",
+    "block_efficiency",
+    "constant_acceptance_efficiency",
+    "target_law",
+    "stream_law",
+    "sample_stream",
+    "optimal_expected_accepted",
+    "optimal_block_efficiency",
+    "VerifierLP",
+    "verifier_lp",
+    "full_information_accepted",
+    "predicted_tokens",
+    "optimal_tokens",
+    "conditional_tokens",
+    "motivating_example",
+]

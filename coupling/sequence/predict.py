@@ -1,0 +1,95 @@
+r"""What the coupling analysis predicts for a run, from the laws a call actually saw.
+
+A call records, along every branch, the target laws :math:`p_1..p_{g+1}` and draft laws
+:math:`q_1..q_g` at the drafted prefixes. From them each rule predicts its tokens per call
+(:meth:`~coupling.rules.base.Rule.predict`, :meth:`~coupling.rules.base.Rule.expected_tokens`):
+
+* single-step rules compose their closed-form acceptance :math:`\beta_i` per offset as if
+  offsets were independent, :math:`\sum_{j=0}^{g} \prod_{i \le j} \beta_i`, with as many drafts
+  at offset ``i`` as branches shared the chosen branch's prefix there (``k_1 = k``; without
+  replacement ``k_i = 1`` after the first offset). ``token``: :math:`\beta = 1 - TV`;
+  ``gumbel``: the exact collision probability; ``kseq``, ``rrs``, ``optimal``: their
+  acceptance with :math:`k_i` drafts;
+* ``block`` has no position-wise acceptance; its prediction is Sun et al.'s identity
+  :math:`P(\tau \ge i \mid X^i) = w_i`: :math:`1 + \sum_i w_i`, the exact conditional
+  expectation given the drafts (its average over calls is unbiased).
+
+:func:`optimal_tokens` is the same composition for the LP-optimal verifier of the rule's own
+information model (its ``k`` branches' draft law), on the same laws: what a better verifier
+could have gained. :func:`conditional_tokens` is the exact expected tokens given the drafted
+path for the chain rules (``token``: :math:`1 + \sum_j \prod_{i \le j} \min(1, r_i)`;
+``block``: :math:`1 + \sum_i w_i`, which is never smaller term by term), so two runs can be
+compared on identical drafts. The gap between a composed prediction and the conditional
+expectation measures how far position-wise composition is off on real text.
+
+Closed forms run in float64 on the union of the supports of :math:`p_i` and :math:`q_i`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..dist import validate_replacement
+from ..rules import RULES, Rule, get_rule
+
+__all__ = ["check_record", "predicted_tokens", "optimal_tokens", "conditional_tokens"]
+
+
+def check_record(drafts, p, q, branch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """One call's record as arrays: ``drafts [k, g]`` token ids, ``p [k, g + 1, V]``,
+    ``q [k, g, V]``, ``branch`` in ``[0, k)``, and the chosen branch's drafts possible under
+    ``q`` (a draft with ``q = 0`` was not sampled from ``q``). ``ValueError`` naming the
+    argument otherwise."""
+    d, P, Q = np.asarray(drafts), np.asarray(p), np.asarray(q)
+    if d.ndim != 2 or d.dtype.kind not in "iu":
+        raise ValueError(f"drafts must be an integer array [k, g], got shape {d.shape} of dtype "
+                         f"{d.dtype}")
+    k, g = d.shape
+    if Q.ndim != 3 or Q.shape[:2] != (k, g):
+        raise ValueError(f"q must be [k, g, V] = [{k}, {g}, V] for drafts [{k}, {g}], got "
+                         f"{Q.shape}")
+    V = Q.shape[2]
+    if P.shape != (k, g + 1, V):
+        raise ValueError(f"p must be [k, g + 1, V] = [{k}, {g + 1}, {V}], got {P.shape}")
+    if isinstance(branch, bool) or not isinstance(branch, (int, np.integer)) \
+            or not 0 <= branch < k:
+        raise ValueError(f"branch={branch!r} must be an integer in [0, {k})")
+    if d.size and (d.min() < 0 or d.max() >= V):
+        raise ValueError(f"drafts must be token ids in [0, {V}), got values in "
+                         f"[{d.min()}, {d.max()}]")
+    if g and not (Q[branch, np.arange(g), d[branch]] > 0).all():
+        raise ValueError("q gives probability 0 to a draft of the chosen branch: the drafts were "
+                         "not sampled from q (pass the law they were drawn from)")
+    return d.astype(np.int64), P, Q, int(branch)
+
+
+def predicted_tokens(rule: str | Rule, drafts, p, q, branch: int, *,
+                     replacement: bool = True) -> tuple[float, list[float]]:
+    """``(predicted tokens per call, per-offset acceptances)`` of ``rule`` on one recorded
+    call (module doc)."""
+    r = get_rule(rule)
+    d, P, Q, b = check_record(drafts, p, q, branch)
+    _, replacement = r.require(d.shape[0], validate_replacement(replacement))
+    beta = r.predict(d, P, Q, b, replacement=replacement)
+    return r.expected_tokens(beta), beta
+
+
+def optimal_tokens(drafts, p, q, branch: int, *, replacement: bool = True) -> float:
+    """Tokens per call the LP-optimal verifier of the same draft law predicts on one recorded
+    call (module doc)."""
+    return predicted_tokens(RULES["optimal"], drafts, p, q, branch, replacement=replacement)[0]
+
+
+def conditional_tokens(rule: str | Rule, drafts, p, q, branch: int) -> float:
+    """Exact expected tokens of a chain rule (``token`` or ``block``) given the chosen
+    branch's drafted path (module doc)."""
+    r = get_rule(rule)
+    d, P, Q, b = check_record(drafts, p, q, branch)
+    g = d.shape[1]
+    ratio = P[b, np.arange(g), d[b]].astype(np.float64) / Q[b, np.arange(g), d[b]]
+    if r.name == "block":
+        return r.expected_tokens(r.predict(d, P, Q, b))
+    if r.name != "token":
+        raise ValueError(f"conditional_tokens is defined for the chain rules token and block, "
+                         f"not {r.name!r}")
+    return r.expected_tokens(np.minimum(ratio, 1.0).tolist())
