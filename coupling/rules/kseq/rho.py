@@ -11,42 +11,55 @@ exactly up to rounding:
    breakpoint in ``(1, k)``, hence the segment ``(lo, hi)`` free of breakpoints where it
    turns non-negative. Where more than ``SORT_AT_MOST`` breakpoints lie in ``(1, k)``
    (thousands when every token has mass), a histogram over ``BINS`` equal bins first gives
-   the margin at every bin edge from bin sums (:func:`_bin_pass`, O(V)), and only the few
-   breakpoints of the bins where its sign is uncertain are sorted;
+   the margin at every bin edge from bin sums (:func:`bin_pass`, O(V)), and only the few
+   breakpoints of the bins where its sign is uncertain are ordered;
 2. on that segment :math:`\beta = Q_> + P_</\rho` (masses of the tokens above and below),
    so the margin is a smooth scalar function, :func:`segment_margin`, written without
    cancellation: with :math:`D = 1 - \beta` and :math:`E = 1 - \rho\beta` summed from
    non-negative terms, ``g = D^k - E``; it uses ``k log D - log E`` where
    :math:`\beta \ge 1/2` (there the O(1)-scaled :math:`h(\rho) = \rho - c(\beta)`,
-   :math:`c = \sum_{i<k} (1-\beta)^i`, rounds to 0 over whole intervals, and the Brent
-   search on ``h`` used before this returned up to 7% too large a rho, valid and within
-   1e-15 in acceptance, but not the smallest) and ``h`` elsewhere
-   (``g``'s slope :math:`\beta h'` is too flat when :math:`\beta` is tiny);
+   :math:`c = \sum_{i<k} (1-\beta)^i`, rounds to 0 over whole intervals, so a root search on
+   ``h`` returns a valid but too large rho) and ``h`` elsewhere (``g``'s slope
+   :math:`\beta h'` is too flat when :math:`\beta` is tiny);
 3. :func:`segment_root` solves it: the ``k = 2`` quadratic in closed form, Newton steps
    safeguarded by bisection otherwise;
 4. rho steps up (1 ulp, 2, 4, ...) until the margin summed directly is ``>= 0`` (rho = k
    always is valid).
 
 Against the root bisected at 300 digits, the acceptance it gives is within 1e-14 of the
-optimum's (``tests/test_rules.py``). The torch twin runs the same functions on tensors.
-The acceptance is reported as :math:`\beta c` (no cancellation).
-For ``k = 1``, :math:`\rho^\star = 1` and the rule is ``token``.
+optimum's (``tests/rules/test_kseq.py``).
+
+Written once, batched over rows (:func:`optimal_rho_rows`), over a small table of array
+operations (:class:`Ops`, POT's backend idea) that serves numpy (:data:`NP_OPS`,
+:func:`optimal_rho` is its one-row case) and torch (:func:`torch_ops`, the twin's
+:func:`coupling.rules.kseq.torch.kseq_rho`). For ``k = 1``, :math:`\rho^\star = 1`.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["optimal_rho", "geometric_c", "beta", "margin", "segment_margin", "segment_root",
-           "h_tolerance", "validity_margin", "bin_tolerance", "Ops", "PY_OPS", "NP_OPS",
-           "SORT_AT_MOST", "BINS", "BIN_PASSES"]
+__all__ = ["optimal_rho", "optimal_rho_rows", "geometric_c", "beta", "margin", "segment_margin",
+           "segment_root", "h_tolerance", "validity_margin", "bin_tolerance", "Ops", "PY_OPS",
+           "NP_OPS", "torch_ops", "SORT_AT_MOST", "BINS", "BIN_PASSES"]
+
+#: Ratios ``p/q`` inside the bracket that are ordered at most; above, a histogram over ``BINS``
+#: equal bins of the bracket narrows it first (:func:`bin_pass`), up to ``BIN_PASSES`` times.
+#: Where every token has mass, thousands of ratios fall in ``(1, k)`` and sorting them all
+#: costs more than the rest of a verification step.
+SORT_AT_MOST = 64
+BINS = 2048
+BIN_PASSES = 2
 
 
+# ------------------------------------------------------------------------------ scalars
 def beta(p: np.ndarray, q: np.ndarray, rho: float) -> float:
+    r""":math:`\beta(\rho) = \sum_y \min(q(y), p(y)/\rho)`."""
     return float(np.minimum(q, p / rho).sum())
 
 
@@ -68,18 +81,120 @@ def validity_margin(p: np.ndarray, q: np.ndarray, k: int, rho: float) -> float:
     return float(rho - geometric_c(beta(p, q, rho), k))
 
 
+def h_tolerance(kmax: int) -> float:
+    r"""A bound on the rounding error of :math:`h = \rho - c(\beta)` with :math:`\beta` one
+    pairwise sum (a few ulps) and :math:`|c'| \le m^2`: beyond it, the sign of ``h`` is
+    certain."""
+    return 64.0 * (kmax + 1) ** 2 * float(np.finfo(np.float64).eps)
+
+
+def bin_tolerance(V: int, kmax: int) -> float:
+    r"""A bound on the rounding error of :math:`h = \rho - c(\beta)` at a bin edge
+    (:func:`bin_pass`): bin sums accumulate up to ``V`` terms in any order and their prefix
+    sums ``BINS`` more, so :math:`\beta` is off by at most ``2 (V + BINS + 64)`` ulps (a
+    ratio within ulps of an edge may land in the next bin: ``q`` times a few ulps), and
+    :math:`|c'(\beta)| \le m^2`. Beyond it the sign of ``h`` is certain; edges within it
+    stay inside the bracket."""
+    return 2.0 * (V + BINS + 64) * (kmax + 1) ** 2 * float(np.finfo(np.float64).eps)
+
+
+# ------------------------------------------------------------------------- array backends
 class Ops(NamedTuple):
-    """The two elementwise functions the margin and the root need beyond arithmetic, for
-    the backend at hand (Python floats, numpy or torch)."""
+    """The array operations the root finder needs beyond arithmetic and comparisons.
+
+    :func:`margin` and :func:`segment_root` read only ``where`` and ``log`` (so Python floats
+    serve too: :data:`PY_OPS`); :func:`optimal_rho_rows` reads the rest, on ``[R, V]`` rows.
+    """
 
     where: Callable
     log: Callable
+    isfinite: Callable = None        # elementwise
+    bins: Callable = None            # (x [R, V], top) -> int bins: floor, NaN to 0, in [0, top]
+    sum: Callable = None             # (x) -> row sums, keepdim
+    cumsum: Callable = None          # along the last axis
+    flip: Callable = None            # along the last axis
+    cat: Callable = None             # along the last axis
+    take: Callable = None            # (x [R, n], idx [R, m]) -> x[r, idx[r, j]]
+    smallest: Callable = None        # (x [R, V], n) -> (values, indices) of the n smallest, sorted
+    bin_sums: Callable = None        # (idx [R, V], w [R, V], nbins) -> [R, nbins]
+    first_true: Callable = None      # (mask [R, n]) -> [R] index of the first True (0 if none)
+    amax: Callable = None            # along the last axis
+    amin: Callable = None            # along the last axis
+    nonzero: Callable = None         # (mask [R]) -> int indices
+    arange: Callable = None          # (n, like) -> [n] floats on like's device
+    ones: Callable = None            # (n, like) -> [n] float64 ones
+    f64: Callable = None             # cast to float64
+    index: Callable = None           # cast to the backend's index dtype
 
 
 PY_OPS = Ops(lambda cond, a, b: a if cond else b, math.log)
-NP_OPS = Ops(np.where, np.log)
 
 
+def _np_bin_sums(idx: np.ndarray, w: np.ndarray, nbins: int) -> np.ndarray:
+    R = idx.shape[0]
+    flat = (idx + np.arange(R)[:, None] * nbins).ravel()
+    return np.bincount(flat, weights=w.ravel(), minlength=R * nbins).reshape(R, nbins)
+
+
+def _np_smallest(x: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
+    idx = np.argsort(x, axis=-1, kind="stable")[:, :n]
+    return _np_take(x, idx), idx
+
+
+def _np_take(x: np.ndarray, i: np.ndarray) -> np.ndarray:
+    # plain fancy indexing: np.take_along_axis costs ~10 us of Python per call
+    return x[np.arange(x.shape[0])[:, None], i]
+
+
+def _np_bins(x: np.ndarray, top: int) -> np.ndarray:
+    return np.clip(np.floor(np.nan_to_num(x, nan=0.0)), 0, top).astype(np.intp)
+
+
+NP_OPS = Ops(
+    where=np.where, log=np.log, isfinite=np.isfinite, bins=_np_bins,
+    sum=lambda x: x.sum(-1, keepdims=True), cumsum=lambda x: np.cumsum(x, -1),
+    flip=lambda x: x[..., ::-1], cat=lambda xs: np.concatenate(xs, -1),
+    take=_np_take, smallest=_np_smallest,
+    bin_sums=_np_bin_sums, first_true=lambda m: np.argmax(m, -1),
+    amax=lambda x: x.max(-1), amin=lambda x: x.min(-1), nonzero=np.flatnonzero,
+    arange=lambda n, like: np.arange(n, dtype=np.float64),
+    ones=lambda n, like: np.ones(n, dtype=np.float64),
+    f64=lambda x: np.asarray(x, dtype=np.float64), index=lambda x: np.asarray(x, dtype=np.intp),
+)
+
+
+@functools.cache
+def torch_ops() -> Ops:
+    """:class:`Ops` on torch tensors (imports torch)."""
+    import torch
+
+    def bins(x, top):
+        return x.nan_to_num(nan=0.0).floor_().clamp_(0, top).to(torch.int64)
+
+    def bin_sums(idx, w, nbins):
+        out = torch.zeros(idx.shape[0], nbins, dtype=w.dtype, device=w.device)
+        # on CUDA scatter_add sums in no fixed order: the bin sums may differ by rounding from
+        # run to run there (the final guard keeps every rho valid)
+        return out.scatter_add_(1, idx, w)
+
+    def smallest(x, n):
+        return x.topk(n, -1, largest=False, sorted=True)
+
+    return Ops(
+        where=torch.where, log=torch.log, isfinite=torch.isfinite, bins=bins,
+        sum=lambda x: x.sum(-1, keepdim=True), cumsum=lambda x: x.cumsum(-1),
+        flip=lambda x: x.flip(-1), cat=lambda xs: torch.cat(xs, -1),
+        take=lambda x, i: x.gather(-1, i), smallest=smallest, bin_sums=bin_sums,
+        first_true=lambda m: m.to(torch.uint8).argmax(-1),
+        amax=lambda x: x.amax(-1), amin=lambda x: x.amin(-1),
+        nonzero=lambda m: torch.nonzero(m).squeeze(1),
+        arange=lambda n, like: torch.arange(n, dtype=torch.float64, device=like.device),
+        ones=lambda n, like: torch.ones(n, dtype=torch.float64, device=like.device),
+        f64=lambda x: x.to(torch.float64), index=lambda x: x.to(torch.int64),
+    )
+
+
+# ------------------------------------------------------------------------ the margin
 def margin(rho, d, e, m, kmax: int, ops: Ops = NP_OPS, dd=0.0, de=0.0):
     r"""A margin with the sign of :math:`h(\rho)`, from :math:`D = 1 - \beta(\rho)` and
     :math:`E = 1 - \rho\beta(\rho)`, and its derivative from theirs: ``(f, f')``.
@@ -88,7 +203,7 @@ def margin(rho, d, e, m, kmax: int, ops: Ops = NP_OPS, dd=0.0, de=0.0):
     arrays (``NP_OPS``) or torch tensors, broadcasting together; ``m`` a Python int or an
     array of them (per row), ``kmax >= max(m)``.
     ``g = \rho\beta - 1 + (1-\beta)^m = D^m - E = \beta h``, so all three share a sign.
-    Callers pass ``D`` and ``E`` summed from non-negative terms (:func:`_direct_margin`,
+    Callers pass ``D`` and ``E`` summed from non-negative terms (:func:`direct_margin`,
     :func:`segment_margin`): both are then resolved far below an ulp of 1.
 
     * Where :math:`\beta \ge 1/2` (``D <= 1/2``): ``f = m log D - log E`` (``+1`` where
@@ -169,68 +284,33 @@ def segment_root(lo, hi, below, above, defect, m, kmax: int, ops: Ops = NP_OPS,
     return x
 
 
-def h_tolerance(kmax: int) -> float:
-    r"""A bound on the rounding error of :math:`h = \rho - c(\beta)` with :math:`\beta` one
-    pairwise sum (a few ulps) and :math:`|c'| \le m^2`: beyond it, the sign of ``h`` is
-    certain."""
-    return 64.0 * (kmax + 1) ** 2 * float(np.finfo(np.float64).eps)
+# -------------------------------------------------------------------- the root, batched
+def geometric_c_rows(beta, mf, kmax: int, ops: Ops):
+    r""":func:`geometric_c` with one ``m`` per row (``mf`` broadcasting with ``beta``)."""
+    x = 1.0 - beta
+    term = 1.0 + 0.0 * x
+    c = 0.0 * x
+    for i in range(kmax):
+        c = c + ops.where(mf > i, term, 0.0)
+        term = term * x
+    return c
 
 
-def optimal_rho(p: np.ndarray, q: np.ndarray, k: int) -> float:
-    r"""Smallest :math:`\rho \ge 1` whose K-SEQ residual is a distribution, for validated
-    ``p``, ``q`` (module doc)."""
-    if k == 1:
-        return 1.0  # token
-    beta1 = beta(p, q, 1.0)
-    if beta1 <= 0.0:
-        return 1.0  # disjoint supports accept nothing for any rho
-    h1 = 1.0 - float(geometric_c(beta1, k))  # h(1), its sign certain beyond the tolerance
-    if (h1 if abs(h1) > h_tolerance(k) else _direct_margin(p, q, k, 1.0)) >= 0.0:
-        return 1.0
-    lo, hi, below, above, defect = _root_segment(p, q, k)
-    rho = float(segment_root(lo, hi, below, above, defect, k, k, PY_OPS))
-    # the root may sit an ulp below the true root: step up (1 ulp, 2, 4, ...) until the
-    # margin summed directly is non-negative (rho = k always is valid)
-    step = np.finfo(float).eps * rho
-    while rho < k and _direct_margin(p, q, k, rho) < 0.0:
-        rho = min(float(k), rho + step)
-        step *= 2.0
-    return rho
+def direct_margin(p, q, dp, dq, m, kmax: int, rho, ops: Ops):
+    """:func:`margin` at ``rho [R]`` from one pass over ``p, q [R, V]``: with
+    ``w = q - p/rho``, ``D = dq + sum w_+`` and ``E = dp + rho sum (-w)_+``, sums of
+    non-negative terms (tokens below rho contribute ``q - p/rho``, those above
+    ``p - rho q``)."""
+    w = q - p / rho[:, None]
+    d = dq + ops.sum(ops.where(w > 0, w, 0.0))[:, 0]
+    e = dp - rho * ops.sum(ops.where(w < 0, w, 0.0))[:, 0]
+    return margin(rho, d, e, m, kmax, ops)[0]
 
 
-def _direct_margin(p: np.ndarray, q: np.ndarray, k: int, rho: float) -> float:
-    r""":func:`margin` at ``rho`` from one pass over the tokens: with ``w = q - p/rho``,
-    :math:`D = \delta_q + \sum w_+` and :math:`E = \delta_p + \rho \sum (-w)_+` (tokens
-    below rho contribute ``q - p/rho >= 0``, those above ``p - rho q >= 0``)."""
-    w = q - p / rho
-    d = (1.0 - float(q.sum())) + float(np.maximum(w, 0.0).sum())
-    e = (1.0 - float(p.sum())) - rho * float(np.minimum(w, 0.0).sum())
-    return float(margin(rho, d, e, k, k, PY_OPS)[0])
-
-
-#: Ratios ``p/q`` inside the bracket that :func:`_root_segment` sorts at most; above, a
-#: histogram over ``BINS`` equal bins of the bracket narrows it first (:func:`_bin_pass`),
-#: up to ``BIN_PASSES`` times. Where every token has mass, thousands of ratios fall in
-#: ``(1, k)`` and sorting them all costs more than the rest of a verification step.
-SORT_AT_MOST = 64
-BINS = 2048
-BIN_PASSES = 2
-
-
-def bin_tolerance(V: int, kmax: int) -> float:
-    r"""A bound on the rounding error of :math:`h = \rho - c(\beta)` at a bin edge
-    (:func:`_bin_pass`): bin sums accumulate up to ``V`` terms in any order and their prefix
-    sums ``BINS`` more, so :math:`\beta` is off by at most ``2 (V + BINS + 64)`` ulps (a
-    ratio within ulps of an edge may land in the next bin: ``q`` times a few ulps), and
-    :math:`|c'(\beta)| \le m^2`. Beyond it the sign of ``h`` is certain; edges within it
-    stay inside the bracket."""
-    return 2.0 * (V + BINS + 64) * (kmax + 1) ** 2 * float(np.finfo(np.float64).eps)
-
-
-def _bin_pass(ratio: np.ndarray, p: np.ndarray, q: np.ndarray, lo: float, hi: float, k: int,
-              tol: float):
-    r"""Narrow the bracket ``[lo, hi]`` (margin ``< 0`` at ``lo``, ``>= 0`` at ``hi``) to a
-    run of ``BINS`` equal bins over it, from one histogram of the ratios.
+def bin_pass(R, P, Q, lo, hi, mf, kmax: int, tol: float, ops: Ops):
+    r"""Narrow the brackets ``[lo, hi]`` (margin ``< 0`` at ``lo``, ``>= 0`` at ``hi``) of
+    ``[A]`` rows to a run of ``BINS`` equal bins each, from one histogram of the ratios
+    ``R = p/q [A, V]`` (``inf`` where ``q = 0 < p``, NaN where ``p = q = 0``).
 
     Bin ``j`` (``1..BINS``) holds the ratios in ``[e_{j-1}, e_j)``, ``e_j = lo + j (hi -
     lo) / BINS``; bin 0 those below ``lo`` and bin ``BINS + 1`` those at or above ``hi``.
@@ -239,79 +319,150 @@ def _bin_pass(ratio: np.ndarray, p: np.ndarray, q: np.ndarray, lo: float, hi: fl
     (a ratio exactly at an edge counts on either side: there ``q = p / e_j``). The new
     ``hi`` is the first edge where ``h > tol`` (certainly valid), the new ``lo`` the last
     edge before it where ``h < -tol``: the smallest root lies between them, whatever the
-    edges in between hold. Returns ``(lo, hi, bins, jlo, jhi, below, above)``: the ratios'
-    bins, the bracket's first and last bins, and the masses ``(P, Q)`` below it (bins
-    ``<= jlo``) and above it (bins ``> jhi``).
+    edges in between hold. Returns ``lo, hi [A]``, the ratios' bins ``[A, V]``, the
+    bracket's first and last bins ``[A, 1]``, and the masses ``(P, Q)`` below it (bins
+    ``<= jlo``) and above it (bins ``> jhi``), ``[A, 1]`` each.
     """
     width = (hi - lo) / BINS
-    x = ratio * (1.0 / width) + (1.0 - lo / width)  # 1 + (ratio - lo) / width
-    bins = np.minimum(np.maximum(x, 0.0, out=x), BINS + 1, out=x).astype(np.intp)  # floor
-    below, above = [], []
-    for mass in (p, q):
-        per_bin = np.bincount(bins, weights=mass, minlength=BINS + 2)
-        below.append(np.cumsum(per_bin)[: BINS + 1])            # bins 0..j: ratio < e_j
-        above.append(np.cumsum(per_bin[::-1])[::-1][1:])        # bins j+1..: ratio >= e_j
-    e = lo + np.arange(BINS + 1) * width
-    e[-1] = hi
-    h = e - geometric_c(above[1] + below[0] / e, k)
-    valid = h > tol
-    valid[0], valid[-1] = False, True  # lo is invalid and hi valid by the invariant
-    jhi = int(np.argmax(valid))
-    invalid = h[:jhi] < -tol
-    invalid[0] = True
-    jlo = int(np.flatnonzero(invalid)[-1])
-    return (float(e[jlo]), float(e[jhi]), bins, jlo, jhi,
-            (float(below[0][jlo]), float(below[1][jlo])),
-            (float(above[0][jhi]), float(above[1][jhi])))
+    idx = ops.bins((1.0 - lo / width)[:, None] + R * (1.0 / width)[:, None], BINS + 1)
+    sums = []
+    for x in (P, Q):
+        per_bin = ops.bin_sums(idx, x, BINS + 2)
+        below = ops.cumsum(per_bin)[:, : BINS + 1]                 # bins 0..j: R < e_j
+        above = ops.flip(ops.cumsum(ops.flip(per_bin)))[:, 1:]     # bins j+1..: R >= e_j
+        sums.append((below, above))
+    (p_lt, p_ge), (q_lt, q_ge) = sums
+    j = ops.arange(BINS + 1, R)
+    e = ops.where(j == BINS, hi[:, None], lo[:, None] + j * width[:, None])  # [A, BINS+1]
+    h = e - geometric_c_rows(q_ge + p_lt / e, mf[:, None], kmax, ops)
+    valid = ((h > tol) & (j > 0)) | (j == BINS)  # lo is invalid and hi valid by the invariant
+    jhi = ops.first_true(valid)
+    invalid = ((h < -tol) | (j == 0)) & (j < jhi[:, None])
+    jlo = ops.index(ops.amax(ops.where(invalid, j, 0.0)))
+    lo_j, hi_j = jlo[:, None], ops.index(jhi)[:, None]
+    return (ops.take(e, lo_j)[:, 0], ops.take(e, hi_j)[:, 0], idx, lo_j, hi_j,
+            (ops.take(p_lt, lo_j), ops.take(q_lt, lo_j)),
+            (ops.take(p_ge, hi_j), ops.take(q_ge, hi_j)))
 
 
-def _root_segment(p: np.ndarray, q: np.ndarray, k: int):
-    """``(lo, hi, below, above, defect)``: the segment between consecutive breakpoints
-    ``p/q`` (or 1, k) where the margin turns non-negative, with the masses below / above it
-    (:func:`segment_margin`), all Python floats. Tokens with ratio <= 1 lie below every
-    rho in [1, k] and those with ratio >= k above: only the ratios inside (1, k) are
-    sorted (after :func:`_bin_pass` narrowed the bracket, where more than
-    ``SORT_AT_MOST`` lie there), then cumulative sums give the margin at every breakpoint
-    in one vectorised call."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(q > 0, p / np.where(q > 0, q, 1.0), np.inf)  # q = 0: never in beta
-    lo, hi = 1.0, float(k)
-    inside = (ratio > lo) & (ratio < hi)
-    if np.count_nonzero(inside) <= SORT_AT_MOST:
-        # masses below every breakpoint (ratio <= 1) and above (ratio >= k): one pass each
-        # (a BLAS dot with a 0/1 mask waits on threads on a busy CPU: 8 ms for 49152 tokens)
-        side = (ratio > lo).astype(np.intp) + (ratio >= hi)  # 0 below, 1 inside, 2 above
-        (p_lt, _, p_ge), (q_lt, _, q_ge) = (np.bincount(side, weights=x, minlength=3)
-                                            for x in (p, q))
-        base_lt, base_ge = (float(p_lt), float(q_lt)), (float(p_ge), float(q_ge))
+def _bracket(R, P, Q, mf, kmax: int, ops: Ops):
+    """Steps 1-2 of the module doc on ``[A]`` rows whose root lies in ``(1, m)``: the segment
+    ``(lo, hi)`` free of breakpoints where the margin turns non-negative, with the masses
+    below / above it."""
+    lo, hi = 1.0 + 0.0 * mf, mf + 0.0
+    inside = (R > 1.0) & (R < mf[:, None])
+    n = int(ops.amax(ops.sum(inside * 1)[:, 0]))
+    if n <= SORT_AT_MOST:
+        low, high = R <= 1.0, R >= mf[:, None]
+        base_lt = (ops.sum(ops.where(low, P, 0.0)), ops.sum(ops.where(low, Q, 0.0)))
+        base_ge = (ops.sum(ops.where(high, P, 0.0)), ops.sum(ops.where(high, Q, 0.0)))
     else:
-        tol = bin_tolerance(p.size, k)
+        tol = bin_tolerance(R.shape[1], kmax)
         for _ in range(BIN_PASSES):
-            lo, hi, bins, jlo, jhi, base_lt, base_ge = _bin_pass(ratio, p, q, lo, hi, k, tol)
+            lo, hi, bins, jlo, jhi, base_lt, base_ge = bin_pass(R, P, Q, lo, hi, mf, kmax, tol,
+                                                                ops)
             inside = (bins > jlo) & (bins <= jhi)
-            if np.count_nonzero(inside) <= SORT_AT_MOST:
+            n = int(ops.amax(ops.sum(inside * 1)[:, 0]))
+            if n <= SORT_AT_MOST:
                 break
-    sel = np.flatnonzero(inside)
-    order = sel[np.argsort(ratio[sel], kind="stable")]
-    t, ps, qs = ratio[order], p[order], q[order]
-    return _sorted_segment(t, ps, qs, base_lt, base_ge, (1.0 - float(p.sum()),
-                                                         1.0 - float(q.sum())), k, lo, hi)
-
-
-def _sorted_segment(t, ps, qs, base_lt, base_ge, defect, k: int, lo: float, hi: float):
-    """The tail of :func:`_root_segment`: the breakpoints ``t`` of the bracket ``[lo, hi]``
-    in order, their masses, and the masses below / above them. A ratio binned across an
-    edge by rounding may sit just outside the bracket: it still counts where it sorts."""
-    p_lt, q_lt = (b + np.concatenate([[0.0], np.cumsum(x)]) for b, x in zip(base_lt, (ps, qs),
-                                                                              strict=True))
-    p_ge, q_ge = (b + np.concatenate([np.cumsum(x[::-1])[::-1], [0.0]])
+    # the breakpoints left, in order, on top of the masses below and above the bracket; a
+    # ratio binned across an edge by rounding may sit just outside it: it counts where it sorts
+    t, order = ops.smallest(ops.where(inside, R, math.inf), max(n, 1))
+    real = ops.isfinite(t)          # rows with fewer breakpoints left are padded with +inf
+    ps = ops.where(real, ops.take(P, order), 0.0)
+    qs = ops.where(real, ops.take(Q, order), 0.0)
+    pad = 0.0 * lo[:, None]
+    p_lt, q_lt = (b + ops.cat([pad, ops.cumsum(x)]) for b, x in zip(base_lt, (ps, qs),
+                                                                     strict=True))
+    p_ge, q_ge = (b + ops.cat([ops.flip(ops.cumsum(ops.flip(x))), pad])
                   for b, x in zip(base_ge, (ps, qs), strict=True))
-    n = t.size  # at t_j: the inside tokens before j lie below, those from j on above
-    f, _ = segment_margin(t, (p_lt[:n], q_lt[:n]), (p_ge[:n], q_ge[:n]), defect, k, k, NP_OPS)
-    valid = np.flatnonzero(f >= 0.0)
-    hi = min(float(t[valid[0]]), hi) if valid.size else hi  # the margin is >= 0 at hi
-    s_hi = int(np.searchsorted(t, hi, side="left"))
-    lo = max(float(t[s_hi - 1]), lo) if s_hi > 0 else lo
-    s = int(np.searchsorted(t, lo, side="right"))  # inside tokens at or below lo
-    return (lo, hi, (float(p_lt[s]), float(q_lt[s])), (float(p_ge[s]), float(q_ge[s])),
-            defect)
+    return t, real, lo, hi, (p_lt, q_lt), (p_ge, q_ge)
+
+
+def optimal_rho_rows(p, q, m, ops: Ops = NP_OPS):
+    r"""The smallest :math:`\rho \in [1, m]` whose K-SEQ residual is a distribution, per row:
+    ``p, q`` float64 ``[R, V]`` (validated laws), ``m`` ints ``[R]``; float64 ``[R]``.
+
+    ``rho = 1`` when ``m <= 1``, when :math:`\beta(1) = 0`, or when ``rho = 1`` is already
+    valid; otherwise the smallest root in ``[1, m]`` of the non-decreasing, continuous,
+    piecewise-smooth validity margin, by the four steps of the module doc.
+    """
+    rho = ops.ones(p.shape[0], p)
+    b1 = ops.sum(ops.where(p < q, p, q))[:, 0]              # beta(1)
+    need = (m > 1) & (b1 > 0)                                # else token / nothing to accept
+    if not bool(need.any()):
+        return rho
+    kmax = int(ops.amax(ops.where(need, m, 0)))
+    mf_all = ops.f64(m)
+    dp_all, dq_all = 1.0 - ops.sum(p)[:, 0], 1.0 - ops.sum(q)[:, 0]
+    f1 = 1.0 - geometric_c_rows(b1, mf_all, kmax, ops)      # h(1)
+    unsure = abs(f1) <= h_tolerance(kmax)
+    if bool((need & unsure).any()):                          # a flat margin at 1: exact sign
+        f1 = ops.where(unsure, direct_margin(p, q, dp_all, dq_all, mf_all, kmax, rho, ops), f1)
+    need = need & (f1 < 0)                                   # rho = 1 invalid
+    if not bool(need.any()):
+        return rho
+    idx = ops.nonzero(need)
+    P, Q, mf, dp, dq = p[idx], q[idx], mf_all[idx], dp_all[idx], dq_all[idx]
+    mm = kmax if bool((mf == kmax).all()) else mf            # an int: the margin's fast path
+    mcol = mm if isinstance(mm, int) else mm[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):      # numpy's warnings only
+        R = P / Q                                            # q = 0 < p: +inf; p = q = 0: NaN
+    t, real, lo, hi, lt, ge = _bracket(R, P, Q, mf, kmax, ops)
+    n = t.shape[1]
+    f_t, _ = segment_margin(ops.where(real, t, 1.0), (lt[0][:, :n], lt[1][:, :n]),
+                            (ge[0][:, :n], ge[1][:, :n]), (dp[:, None], dq[:, None]), mcol, kmax,
+                            ops)
+    hi = ops.amin(ops.where(real & (f_t >= 0), t, hi[:, None]))
+    lo = ops.amax(ops.where(real & (t < hi[:, None]), t, lo[:, None]))
+    s = ops.sum((t <= lo[:, None]) * 1)                      # breakpoints at or below lo
+    below = (ops.take(lt[0], s)[:, 0], ops.take(lt[1], s)[:, 0])
+    above = (ops.take(ge[0], s)[:, 0], ops.take(ge[1], s)[:, 0])
+    if ops is NP_OPS and idx.shape[0] == 1:
+        # one numpy row: the last two steps on Python floats, where a scalar operation costs a
+        # tenth of a one-element array's (python benchmarks/bench_kernels.py times the root)
+        lo, hi, below, above, dp, dq = (float(v) if not isinstance(v, tuple)
+                                        else tuple(float(w) for w in v)
+                                        for v in (lo[0], hi[0], (below[0][0], below[1][0]),
+                                                  (above[0][0], above[1][0]), dp[0], dq[0]))
+        rho[idx] = _step_up(segment_root(lo, hi, below, above, (dp, dq), kmax, kmax, PY_OPS),
+                            P[0], Q[0], dp, dq, kmax)
+        return rho
+    # 3. the smooth root on the segment
+    x = segment_root(lo, hi, below, above, (dp, dq), mm, kmax, ops)
+    # 4. the root may sit an ulp below the true root: step up until the margin is >= 0
+    step = float(np.finfo(np.float64).eps) * x
+    short = ops.nonzero((x < mf) & (direct_margin(P, Q, dp, dq, mm, kmax, x, ops) < 0))
+    while short.shape[0]:
+        x[short] = ops.where(mf[short] < x[short] + step[short], mf[short],
+                             x[short] + step[short])
+        step[short] = 2.0 * step[short]
+        xr = x[short]
+        mr = mm if isinstance(mm, int) else mm[short]
+        f = direct_margin(P[short], Q[short], dp[short], dq[short], mr, kmax, xr, ops)
+        short = short[(xr < mf[short]) & (f < 0)]
+    rho[idx] = x
+    return rho
+
+
+def _step_up(x: float, p: np.ndarray, q: np.ndarray, dp: float, dq: float, k: int) -> float:
+    """Step 4 on one numpy row in Python floats: up by 1, 2, 4, ... ulps until the margin
+    summed directly is ``>= 0`` (``rho = k`` always is valid)."""
+    step = float(np.finfo(np.float64).eps) * x
+    while x < k:
+        w = q - p / x
+        d = dq + float(np.maximum(w, 0.0).sum())
+        e = dp - x * float(np.minimum(w, 0.0).sum())
+        if margin(x, d, e, k, k, PY_OPS)[0] >= 0.0:
+            break
+        x = min(float(k), x + step)
+        step *= 2.0
+    return x
+
+
+def optimal_rho(p: np.ndarray, q: np.ndarray, k: int) -> float:
+    r"""Smallest :math:`\rho \ge 1` whose K-SEQ residual is a distribution, for validated
+    ``p``, ``q`` (the one-row case of :func:`optimal_rho_rows`)."""
+    if k == 1:
+        return 1.0
+    return float(optimal_rho_rows(p[None], q[None], np.array([k]), NP_OPS)[0])
