@@ -26,8 +26,17 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy import stats
 
-from .dist import check_pair, tuple_law, validate_count
+from .dist import (
+    as_distribution,
+    check_pair,
+    tuple_law,
+    validate_count,
+    validate_k,
+    validate_replacement,
+    validate_seed,
+)
 from .rules.base import Rule
+from .rules.common import require_generator
 
 __all__ = [
     "RuleReport",
@@ -146,8 +155,18 @@ class SamplerReport:
         return self.pvalue >= self.alpha
 
 
-def draw_drafts(q: np.ndarray, k: int, replacement: bool, rng: np.random.Generator) -> np.ndarray:
-    """``k`` drafts from ``q``: i.i.d., or distinct by Gumbel-top-k (= successive sampling)."""
+def draw_drafts(q: ArrayLike, k: int, replacement: bool, rng: np.random.Generator) -> np.ndarray:
+    """``k`` drafts from ``q``: i.i.d., or distinct by Gumbel-top-k (= successive sampling).
+
+    ``q`` is validated (a distribution), and without replacement it must hold at least ``k``
+    tokens of positive probability: a token of probability 0 is never drafted.
+    """
+    q = as_distribution(q, name="q")
+    k, replacement = validate_k(k), validate_replacement(replacement)
+    require_generator(rng)
+    if not replacement and np.count_nonzero(q) < k:
+        raise ValueError(f"cannot draw k={k} distinct tokens without replacement: q has only "
+                         f"{np.count_nonzero(q)} token(s) of positive probability")
     if replacement:
         return rng.choice(q.size, size=k, p=q)
     with np.errstate(divide="ignore"):
@@ -174,9 +193,16 @@ def check_sampler(
     pa, qa = check_pair(p, q)
     # n = 0 tests nothing and alpha <= 0 rejects nothing: either would pass a broken rule
     validate_count(n, "n", "number of samples")
-    if not 0.0 < alpha < 1.0:
+    validate_seed(seed)
+    if not (isinstance(alpha, (int, float)) and 0.0 < alpha < 1.0):
         raise ValueError(f"alpha must lie in (0, 1) (the test's false-positive rate), got "
                          f"{alpha!r}")
+    # NaN or a huge min_expected pools every cell into one (a test of nothing: a broken rule
+    # passes); 0 keeps empty cells (0/0: NaN). Pooled cells must leave at least two.
+    if not (isinstance(min_expected, (int, float)) and not isinstance(min_expected, bool)
+            and 0.0 < min_expected < n):
+        raise ValueError(f"min_expected must be a positive number below n={n} (cells expected "
+                         f"below it are pooled), got {min_expected!r}")
     rng = np.random.default_rng(seed)
     tuples, _ = tuple_law(qa, k, replacement=replacement)
     ref = rule if reference is None else reference
@@ -197,6 +223,9 @@ def check_sampler(
         obs.append(small_o)
         exp.append(max(small_e, 1e-300))
     obs_a, exp_a = np.array(obs), np.array(exp)
+    if obs_a.size < 2:
+        raise ValueError(f"min_expected={min_expected!r} pools every cell into one, which tests "
+                         "nothing: lower it, or raise n")
     stat = float(((obs_a - exp_a) ** 2 / exp_a).sum())
     dof = max(1, obs_a.size - 1)
     return SamplerReport(

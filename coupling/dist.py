@@ -38,6 +38,8 @@ __all__ = [
     "tuple_law",
     "validate_k",
     "validate_drafts",
+    "validate_seed",
+    "num_tuples",
     "MAX_TUPLES",
 ]
 
@@ -74,8 +76,9 @@ def as_distribution(x: ArrayLike, *, atol: float = 1e-9, name: str = "p") -> np.
         raise ValueError(f"{name} must be a 1-D array of probabilities: {exc}") from None
     if arr.dtype == object or np.iscomplexobj(arr):
         raise ValueError(f"{name} must be a real 1-D array of probabilities, got dtype {arr.dtype}")
-    if arr.dtype.kind not in "biuf":
-        raise ValueError(f"{name} must be numeric, got dtype {arr.dtype}")
+    if arr.dtype.kind not in "iuf":
+        raise ValueError(f"{name} must be real numbers, got dtype {arr.dtype}"
+                         + (" (booleans are not probabilities)" if arr.dtype.kind == "b" else ""))
     arr = arr.astype(np.float64, copy=True)
     if arr.ndim != 1:
         raise ValueError(
@@ -151,6 +154,13 @@ def validate_count(value: int, name: str, what: str = "") -> int:
     return int(value)
 
 
+def validate_seed(seed: int, name: str = "seed") -> int:
+    """Return ``seed`` as an int >= 0, else ``ValueError`` naming ``name`` (bools refused)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"{name} must be a non-negative integer, got {seed!r}")
+    return int(seed)
+
+
 def validate_k(k: int, *, name: str = "k") -> int:
     """Return ``k`` as an int >= 1 or raise ``ValueError``."""
     return validate_count(k, name, "number of drafts")
@@ -196,8 +206,15 @@ def validate_drafts(drafts: ArrayLike, q: np.ndarray, *, name: str = "drafts") -
     return arr
 
 
-def _num_tuples(V: int, k: int, replacement: bool) -> int:
-    return V**k if replacement else math.perm(V, k)
+def num_tuples(V: int, k: int, replacement: bool = True) -> float:
+    """How many draft tuples an exact enumeration visits (``V**k``, or ``V!/(V-k)!`` without
+    replacement), as a float (``inf`` past its range): safe to compare and to format, where the
+    exact integer for a large ``k`` has thousands of digits."""
+    if not replacement and k > V:
+        return 0.0
+    if k * math.log2(max(V, 2)) > 1000:
+        return math.inf
+    return float(V**k if replacement else math.perm(V, k))
 
 
 def tuple_law(
@@ -225,13 +242,14 @@ def tuple_law(
             f"{np.count_nonzero(qa)} token(s) of positive probability; "
             "lower k or use replacement=True"
         )
-    T = _num_tuples(V, k, replacement)
+    T = num_tuples(V, k, replacement)
     if T > MAX_TUPLES:
+        count = f"{T:.3g}" if math.isfinite(T) else f"{V}**{k}"
         raise ValueError(
-            f"exact enumeration needs {T} draft tuples (V={V}, k={k}), "
-            f"above the limit {MAX_TUPLES}; "
-            "use coupling.optimal_acceptance for large vocabularies"
+            f"exact enumeration needs {count} draft tuples (V={V}, k={k}), above the limit "
+            f"{MAX_TUPLES}; use coupling.optimal_acceptance for large vocabularies"
         )
+    T = int(T)
     it: Sequence = (
         itertools.product(range(V), repeat=k)
         if replacement

@@ -97,6 +97,9 @@ def check_probs(x: torch.Tensor, name: str, atol: float | None = None) -> None:
 
 
 def _as_int_vector(x: torch.Tensor | int, name: str, B: int, device: torch.device) -> torch.Tensor:
+    if x is None or isinstance(x, (str, bytes, float, bool)):
+        raise TypeError(f"{name} must be an int or an int64 tensor [B] (one per request), got "
+                        f"{type(x).__name__}")
     t = torch.as_tensor(x, device=device)
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool:
         raise ValueError(f"{name} must hold integers (int64), got dtype {t.dtype}")

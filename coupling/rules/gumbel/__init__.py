@@ -65,7 +65,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ...dist import validate_count
+from ...dist import validate_count, validate_seed
 from ..base import Rule
 
 __all__ = ["match", "acceptance", "joint", "conditional_noise", "verify", "pair",
@@ -78,7 +78,8 @@ def _ratio_order(p: np.ndarray, q: np.ndarray) -> list[int]:
     both = [i for i in range(len(p)) if p[i] != 0 and q[i] != 0]
     if p.dtype != object and q.dtype != object:
         idx = np.asarray(both, dtype=np.int64)
-        return idx[np.argsort(-(p[idx] / q[idx]), kind="stable")].tolist()
+        with np.errstate(over="ignore"):       # p / (subnormal q) is inf: it sorts first
+            return idx[np.argsort(-(p[idx] / q[idx]), kind="stable")].tolist()
     return sorted(both, key=lambda i: p[i] / q[i], reverse=True)
 
 
@@ -198,16 +199,10 @@ def position_gumbels(seed: int, positions: Sequence[int], vocab_size: int) -> np
     block needs no communication beyond the drafted tokens.
     """
     V = validate_count(vocab_size, "vocab_size")
-    seed = _key(seed, "seed")
-    rows = [np.random.default_rng([seed, _key(n, "positions")]).gumbel(size=V)
+    seed = validate_seed(seed)
+    rows = [np.random.default_rng([seed, validate_seed(n, "positions")]).gumbel(size=V)
             for n in positions]
     return np.stack(rows) if rows else np.empty((0, V))
-
-
-def _key(x, name: str) -> int:
-    if isinstance(x, bool) or not isinstance(x, (int, np.integer)) or x < 0:
-        raise ValueError(f"{name} must hold non-negative integers, got {x!r}")
-    return int(x)
 
 
 def _argmax_gumbel(law: np.ndarray, g: np.ndarray) -> int:

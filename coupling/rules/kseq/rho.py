@@ -26,6 +26,12 @@ exactly up to rounding:
 4. rho steps up (1 ulp, 2, 4, ...) until the margin summed directly is ``>= 0`` (rho = k
    always is valid).
 
+One exception at ``rho = 1``: ``g >= 0`` is the residual's condition only where some token
+of ``p``-mass has :math:`p/q < \rho`. Where every such token has :math:`p/q \ge 1`,
+:math:`\beta` is the constant :math:`q(\mathrm{supp}\, p)` on ``[1, min p/q]`` and the residual
+needs only :math:`c \le \min p/q`: then ``rho = 1`` is valid (and smallest) although
+``g(1) < 0``, and otherwise no ``rho`` below ``min p/q`` is, so the root of ``g`` is the answer.
+
 Against the root bisected at 300 digits, the acceptance it gives is within 1e-14 of the
 optimum's (``tests/rules/test_kseq.py``).
 
@@ -395,11 +401,16 @@ def optimal_rho_rows(p, q, m, ops: Ops = NP_OPS):
     kmax = int(ops.amax(ops.where(need, m, 0)))
     mf_all = ops.f64(m)
     dp_all, dq_all = 1.0 - ops.sum(p)[:, 0], 1.0 - ops.sum(q)[:, 0]
-    f1 = 1.0 - geometric_c_rows(b1, mf_all, kmax, ops)      # h(1)
+    c1 = geometric_c_rows(b1, mf_all, kmax, ops)
+    f1 = 1.0 - c1                                            # h(1)
     unsure = abs(f1) <= h_tolerance(kmax)
     if bool((need & unsure).any()):                          # a flat margin at 1: exact sign
         f1 = ops.where(unsure, direct_margin(p, q, dp_all, dq_all, mf_all, kmax, rho, ops), f1)
-    need = need & (f1 < 0)                                   # rho = 1 invalid
+    # h(1) < 0 makes rho = 1 invalid only if some token of p-mass has p/q < 1; where every such
+    # token has p/q >= 1 the residual needs only c(beta(1)) <= min p/q (module doc)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r_min = ops.amin(ops.where(p > 0, p / q, math.inf))
+    need = need & (f1 < 0) & ~((r_min >= 1.0) & (c1 <= r_min))
     if not bool(need.any()):
         return rho
     idx = ops.nonzero(need)

@@ -33,12 +33,11 @@ Sampler and exact law
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 
 import numpy as np
 
-from ...dist import tuple_law
+from ...dist import num_tuples, tuple_law
 from ...draftsets import group_by_set, padded_sets, pair_index, pair_sets
 from ..base import Rule
 from ..common import categorical
@@ -78,7 +77,7 @@ def set_plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> SetPlan
     """Cached optimal plan over draft sets (:class:`SetPlan`), for validated ``p, q``; its
     parts are solved as rows ask for them."""
     V = p.size
-    T = V**k if replacement else math.perm(V, k)
+    T = num_tuples(V, k, replacement)
     if T * V > MAX_PLAN_ENTRIES:
         raise ValueError(
             f"the optimal rule for k={k} >= 2 samples from an exact LP plan with T*V = {T * V:.3g} "

@@ -48,7 +48,14 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ...dist import MAX_TUPLES, check_pair, tuple_law, validate_k, validate_replacement
+from ...dist import (
+    MAX_TUPLES,
+    check_pair,
+    num_tuples,
+    tuple_law,
+    validate_k,
+    validate_replacement,
+)
 from ...draftsets import others_sum
 
 __all__ = ["optimal_acceptance", "optimal_cut", "ratio_order", "hit_prefixes", "scan"]
@@ -122,9 +129,7 @@ def optimal_cut(
                 "of positive probability; lower k or use replacement=True"
             )
         if k >= 3:
-            import math
-
-            T = math.perm(V, k)
+            T = num_tuples(V, k, False)
             if T > MAX_TUPLES:
                 raise ValueError(
                     f"exact optimum without replacement for k={k} >= 3 enumerates the tuple law "

@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...dist import tuple_law
+from ...dist import num_tuples, tuple_law
 from ...draftsets import others_sum
 from ..base import Rule
 from ..common import categorical
@@ -78,11 +78,11 @@ def acceptance(pa: np.ndarray, qa: np.ndarray, k: int, replacement: bool = True)
         return float(1.0 - reject)
     if k == 2:
         return float(1.0 - _reject2_wor(pa, qa))
-    V = pa.size
-    if V**k > MAX_PATH_WORK:
+    work = num_tuples(pa.size, k, True)
+    if work > MAX_PATH_WORK:
         raise ValueError(
             f"rrs acceptance without replacement for k={k} enumerates rejection paths (cost V**k = "
-            f"{V**k:.3g} > {MAX_PATH_WORK:.3g}); "
+            f"{work:.3g} > {MAX_PATH_WORK:.3g}); "
             "use k <= 2, replacement=True, or a smaller vocabulary"
         )
     return float(1.0 - _reject_paths(pa, qa, qa.copy(), 1.0, k))
