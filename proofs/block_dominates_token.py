@@ -28,7 +28,9 @@ import numpy as np
 import sympy as sp
 from _block_common import constant_lm, simplex_grid
 
-from coupling.block import expected_accepted, path_law, path_laws
+from coupling import expected_accepted
+from coupling.sequence import path_law
+from coupling.sequence.models import path_laws
 
 
 def symbolic_gamma_one() -> bool:

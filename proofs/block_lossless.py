@@ -7,9 +7,9 @@ Source: Sun, Mendlovic, Leviathan, Aharoni, Ro, Beirami, Suresh, "Block Verifica
 Accelerates Speculative Decoding" (ICLR 2025, arXiv:2403.10444), Theorem 1 (Algorithm 2).
 
 Method: exhaustive check in exact rational arithmetic (fractions.Fraction) of the package's
-own code (coupling.block.stream_law, which enumerates every draft block, accepted length and
+own code (coupling.stream_law, which enumerates every draft block, accepted length and
 emitted token with exact probabilities, iterating until L tokens are produced) against the
-exact target law of the first L tokens (coupling.block.target_law):
+exact target law of the first L tokens (coupling.target_law):
   * V = 2 and 3; gamma = 1, 2, 3; L = 4; context-dependent random rational models of
     context order 0, 1 and 2 (30 model pairs per (V, gamma), a third of them with exact
     zeros in the laws), from two contexts;
@@ -17,7 +17,8 @@ exact target law of the first L tokens (coupling.block.target_law):
     gamma = 1, 2, 3;
 plus the lemma behind the proof, P(tau >= i | X^i = x^i) = w_i(x^i), exactly on every
 prefix of the V = 3, gamma = 3 instances. The check can fail: the same harness must find the
-deliberately broken "block-plain-residual" rule lossy on some V = 3 instance.
+deliberately broken rule NEGATIVE_CONTROLS["block_plain_residual"] (block's accepted length,
+the token residual) lossy on some V = 3 instance.
 Not a symbolic proof for all V and gamma (min/max make the general symbolic case a
 piecewise identity with many regions); it is exact, not floating point, on every case.
 
@@ -32,7 +33,9 @@ from fractions import Fraction
 import numpy as np
 from _block_common import constant_lm, rational_lm, simplex_grid
 
-from coupling.block import block_weights, path_law, path_laws, stream_law, target_law
+from coupling import NEGATIVE_CONTROLS, RULES, stream_law, target_law
+from coupling.sequence import path_law
+from coupling.sequence.models import path_laws
 
 L = 4
 
@@ -41,7 +44,7 @@ def prefix_identity(t, d, gamma, ctx) -> bool:
     acc = {}
     for x, qx, P, Q in path_laws(t, d, gamma, context=ctx):
         tau, _ = path_law("block", x, P, Q)
-        w, _ = block_weights(x, P, Q)
+        w, _ = RULES["block"].weights(x, P, Q)
         for i in range(gamma + 1):
             pre = tuple(x[:i].tolist())
             num, den, wi = acc.get(pre, (Fraction(0), Fraction(0), w[i]))
@@ -71,7 +74,8 @@ def main() -> int:
                             return 1
                         cases += 1
                     if V == 3 and gamma >= 2:
-                        bad = stream_law("block-plain-residual", t, d, gamma, L, context=ctx)
+                        bad = stream_law(NEGATIVE_CONTROLS["block_plain_residual"], t, d, gamma,
+                                         L, context=ctx)
                         control_failed |= not np.array_equal(bad, want)
                     if V == 3 and gamma == 3 and not prefix_identity(t, d, gamma, ctx):
                         print(f"prefix identity fails: {t.describe} ctx={ctx}")
@@ -91,7 +95,7 @@ def main() -> int:
     if not control_failed:
         print("negative control did not fail: the harness cannot detect a broken residual")
         return 1
-    print("negative control (block-plain-residual) is detected as lossy")
+    print("negative control (block_plain_residual) is detected as lossy")
     print("VERIFIED")
     return 0
 

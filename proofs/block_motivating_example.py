@@ -8,13 +8,13 @@ draft (2/3, 1/3), gamma = 2. The paper reports 10/9 (token), 11/9 (block) and 12
 verifier with full knowledge of the joint block probabilities".
 
 Method (all exact, fractions.Fraction):
-1. coupling.block.expected_accepted with exact models gives 10/9 and 11/9.
-2. The transport bound max_{pi in Pi(Q^2, P^2)} E_pi[LCP(X, Y)] (coupling.block.
+1. coupling.expected_accepted with exact models gives 10/9 and 11/9.
+2. The transport bound max_{pi in Pi(Q^2, P^2)} E_pi[LCP(X, Y)] (coupling.
    optimal_expected_accepted solves it numerically) equals 12/9: an exact primal coupling of
    value 12/9 (rationalised from the LP solution, marginals checked exactly) and an exact
    dual (u, v) with u_x + v_y >= LCP(x, y) for all x, y and sum a u + sum b v = 12/9.
 3. The LP over all lossless one-iteration verifiers with full knowledge of both models
-   (coupling.block.verifier_lp) has value exactly 11/9: block verification attains it (and is
+   (coupling.verifier_lp) has value exactly 11/9: block verification attains it (and is
    lossless here: its exact stream law equals the target's), and an exact dual-feasible
    vector (VerifierLP.dual_bound) bounds it by 11/9. So 12/9 is the value of a relaxation that
    no lossless verifier emitting "accepted prefix + one token" attains.
@@ -31,7 +31,7 @@ from fractions import Fraction
 import numpy as np
 from scipy.optimize import linprog
 
-from coupling.block import (
+from coupling import (
     expected_accepted,
     motivating_example,
     optimal_expected_accepted,

@@ -9,7 +9,7 @@ for every pair of models, block verification maximises E[tau]; the information-r
 class is a subset of the class checked here. Thomas & Pal (arXiv:2602.16961) prove the
 stronger full-information statement in general; this script checks it independently.
 
-Method: for each instance, coupling.block.verifier_lp builds the LP over all one-iteration
+Method: for each instance, coupling.verifier_lp builds the LP over all one-iteration
 verifiers pi(tau, y | x) (emit the first tau drafts and one token y; the target continues)
 whose stream law equals the target's (one equality per string of length gamma + 1), with
 exact rational coefficients. HiGHS solves it; VerifierLP.dual_bound turns the solver's dual
@@ -34,7 +34,7 @@ import sys
 
 from _block_common import rational_lm
 
-from coupling.block import expected_accepted, verifier_lp
+from coupling import expected_accepted, verifier_lp
 
 TOL = 1e-9
 

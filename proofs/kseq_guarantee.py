@@ -20,7 +20,7 @@ Method:
   (21 x 21 pairs), k = 2, 3, with rho = k (always valid) in Fractions, the full K-SEQ joint
   has column sums exactly p.
 * (b) exhaustive numeric: on the same grid plus 300 random pairs (V = 2..6), k = 2..4,
-  coupling.rules.kseq at its optimal rho is lossless (joint TV < 1e-12), its residual is
+  coupling.RULES["kseq"] at its optimal rho is lossless (joint TV < 1e-12), its residual is
   valid, and acceptance >= (1 - 1/e) * LP optimum; the smallest observed ratio is printed.
 
 Status: (a) proven (symbolic) and verified exactly; (b) cited theorem, verified
@@ -101,8 +101,8 @@ def main() -> int:
         f"exact rational K-SEQ at rho = k: {len(pts) ** 2 * 2} cases, output law == p exactly: {ok}"
     )
 
-    from coupling.check import check_rule
-    from coupling.rules import kseq
+    from coupling import RULES, check_rule
+    from coupling.rules.kseq import residual_law
 
     rng = np.random.default_rng(0)
     cases = [
@@ -117,8 +117,8 @@ def main() -> int:
         for k in (2, 3, 4):
             if p.size**k > 5000:
                 continue
-            r = check_rule(kseq.RULE, p, q, k)
-            res = kseq.residual_law(p, q, k)
+            r = check_rule(RULES["kseq"], p, q, k)
+            res = residual_law(p, q, k)
             if not (r.ok and res.min() >= 0):
                 print("FAILED", p, q, k, r)
                 ok = False

@@ -1,4 +1,4 @@
-"""Claim (an optimal multi-draft plan through the min cut; coupling.optimal.CutPlan):
+"""Claim (an optimal multi-draft plan through the min cut; coupling.rules.optimal.CutPlan):
 
 Let H minimise value(H) = p(H^c) + P(some draft in H) (multidraft_mincut.py). Then
 (a) the sets of drafts that hit H can place all their mass on their tokens in H with no token
@@ -24,7 +24,7 @@ Method:
 * (a), (b) exhaustive, exact: 300 random rational instances (V = 2..6, k = 1..3, both modes,
   zeros and ties mixed in): the package's prefix-scan cut, evaluated in Fractions, is
   minimal over all 2^V subsets, and every Hall inequality holds over all subsets T.
-* (c) numerical: coupling.optimal.cut_plan on the same instances (float64) is a coupling to
+* (c) numerical: coupling.rules.optimal.cut_plan on the same instances (float64) is a coupling to
   1e-12 and accepts the optimum to 1e-12; with its closed forms switched off (every part by
   LP) the same holds; and for a non-minimal cut the package raises (negative control).
 
@@ -34,6 +34,7 @@ arithmetic; (c) checked numerically, with the negative control.
 
 from __future__ import annotations
 
+import importlib
 import itertools
 import sys
 from fractions import Fraction
@@ -89,9 +90,13 @@ def _rational_instance(rng):
 
 
 def exhaustive_and_package(n: int = 300) -> bool:
-    import coupling.optimal as O
-    from coupling.dist import tuple_law
-    from coupling.solve import SolverError, _group_by_set, padded_sets
+    from coupling import SolverError, tuple_law
+    from coupling.draftsets import group_by_set, padded_sets
+    from coupling.rules.optimal import CutPlan, cut_plan, optimal_cut
+
+    # the module whose closed forms are switched off below (the package's function ``plan``
+    # shadows it as an attribute of coupling.rules.optimal)
+    plan_module = importlib.import_module("coupling.rules.optimal.plan")
 
     rng = np.random.default_rng(7)
     done = refused = 0
@@ -109,7 +114,7 @@ def exhaustive_and_package(n: int = 300) -> bool:
                                                                                   zero)
 
         pf, qf = np.array([float(x) for x in p]), np.array([float(x) for x in q])
-        _, H = O.optimal_cut(pf, qf, k, replacement=rep)
+        _, H = optimal_cut(pf, qf, k, replacement=rep)
         H = set(H.tolist())
         best = min(value(S) for S in _subsets(range(V)))
         if value(H) != best:
@@ -125,16 +130,19 @@ def exhaustive_and_package(n: int = 300) -> bool:
                 return False
         # (c) the package's plan, with its closed forms and with every part by LP
         tuples, probs = tuple_law(qf, k, replacement=rep)
-        _, mass, members = _group_by_set(tuples, probs, V)
+        _, mass, members = group_by_set(tuples, probs, V)
         sets = padded_sets(members)
-        saved = O._split_by_capacity, O._shares, O._peel_pairs
+        closed_forms = ("_split_by_capacity", "_shares", "_peel_pairs")
+        saved = {name: getattr(plan_module, name) for name in closed_forms}
         for closed in (True, False):
             if not closed:
-                O._split_by_capacity = O._shares = O._peel_pairs = lambda *a: None
+                for name in closed_forms:
+                    setattr(plan_module, name, lambda *a: None)
             try:
-                plan = O.cut_plan(pf, qf, k, rep, sets, mass).dense()
+                plan = cut_plan(pf, qf, k, rep, sets, mass).dense()
             finally:
-                O._split_by_capacity, O._shares, O._peel_pairs = saved
+                for name, fn in saved.items():
+                    setattr(plan_module, name, fn)
             err = max(np.abs(plan.sum(axis=1) - mass).max(), 0.5 * np.abs(plan.sum(0) - pf).sum(),
                       abs(plan[members].sum() - float(best)), -plan.min())
             if err > 1e-12:
@@ -147,7 +155,7 @@ def exhaustive_and_package(n: int = 300) -> bool:
             S = worse[int(rng.integers(len(worse)))]
             try:
                 cut = np.array(sorted(S), dtype=np.int64)
-                O.CutPlan(pf, qf, k, rep, sets, mass, cut=cut).dense()
+                CutPlan(pf, qf, k, rep, sets, mass, cut=cut).dense()
             except SolverError:
                 refused += 1
             else:

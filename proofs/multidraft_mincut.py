@@ -8,7 +8,7 @@
 
 Source: Hu et al. 2025, "Towards Optimal Multi-draft Speculative Decoding" (ICLR 2025):
 the subset-selection dual (a) and its efficient solution; the exchange argument for (b) is
-written out in coupling/optimal.py.
+written out in coupling/rules/optimal/cut.py.
 
 Method:
 * (b) symbolic (sympy), for k = 1..8: the exchange argument needs
@@ -18,8 +18,8 @@ Method:
   and that the cofactor polynomial has only non-negative coefficients (hence >= 0).
 * (a), (b), (c) exhaustive: on 400 random instances (V = 2..7, k = 1..3, both modes, with
   zeros and ties mixed in) the minimum over ALL 2^V subsets equals the minimum over the
-  V + 1 prefixes, equals coupling.optimal.optimal_acceptance, and equals the LP optimum of
-  coupling.solve.solve_coupling (POT), to 1e-9.
+  V + 1 prefixes, equals coupling.optimal_acceptance, and equals the LP optimum of
+  coupling.solve_coupling (POT), to 1e-9.
 
 Status: (a) verified exhaustively (it is LP duality; no symbolic proof here); (b) proven
 (symbolic exchange step) and verified exhaustively; (c) verified exhaustively only -- no
@@ -54,9 +54,8 @@ def symbolic_exchange() -> bool:
 
 
 def exhaustive(n: int = 400) -> bool:
-    from coupling.dist import tuple_law
-    from coupling.optimal import optimal_acceptance, ratio_order
-    from coupling.solve import solve_coupling
+    from coupling import optimal_acceptance, solve_coupling, tuple_law
+    from coupling.rules.optimal import ratio_order
 
     rng = np.random.default_rng(2025)
     worst = 0.0

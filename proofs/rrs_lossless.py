@@ -15,7 +15,7 @@ Method: exhaustive exact rational arithmetic (Fractions), independent of the pac
 every pair (p, q) with V = 3 and probabilities multiples of 1/4 (15 x 15 pairs), k = 1..3
 with replacement and k = 1..min(3, |supp q|) without, plus 40 random rational pairs with
 V = 4, k = 2, 3: the output law, summed over all draft tuples and accept/reject branches,
-equals p exactly. A numeric cross-check compares coupling.rules.rrs.joint on the same grid.
+equals p exactly. A numeric cross-check compares coupling.RULES["rrs"].joint on the same grid.
 
 Status: verified (exhaustive exact arithmetic on the stated inputs).
 """
@@ -95,7 +95,7 @@ def main() -> int:
     try:
         import numpy as np
 
-        from coupling.rules import rrs
+        from coupling import RULES
 
         worst = 0.0
         for pf, qf in cases[:225]:
@@ -104,9 +104,9 @@ def main() -> int:
             for k, rep in [(2, True), (3, True), (2, False)]:
                 if not rep and np.count_nonzero(qa) < k:
                     continue
-                J = rrs.joint(pa, qa, k, replacement=rep)
+                J = RULES["rrs"].joint(pa, qa, k, replacement=rep)
                 worst = max(worst, 0.5 * float(np.abs(J.sum(0) - pa).sum()))
-        print(f"numeric cross-check of coupling.rules.rrs.joint: max TV = {worst:.2e}")
+        print(f"numeric cross-check of coupling.RULES['rrs'].joint: max TV = {worst:.2e}")
         ok &= worst < 1e-12
     except ImportError:
         print("coupling not importable: numeric cross-check skipped")

@@ -12,7 +12,7 @@ Method:
    sum_x min(p_x, q_x) = 1 - (1/2) sum_x |p_x - q_x| per sign pattern for V = 2..5.
 2. Attainment: the token joint has trace sum_x min (proofs/token_lossless.py).
 3. Exhaustive exact check: every pair (p, q) on V = 3 with all probabilities multiples of
-   1/6 (28 x 28 = 784 pairs): the LP optimum (coupling.solve.solve_coupling, POT and
+   1/6 (28 x 28 = 784 pairs): the LP optimum (coupling.solve_coupling, POT and
    HiGHS) equals sum min to 1e-12.
 
 Status: verified.
@@ -48,7 +48,7 @@ def grid(V: int, N: int):
 
 
 def exhaustive() -> bool:
-    from coupling.solve import solve_coupling
+    from coupling import solve_coupling
 
     pts = list(grid(3, 6))
     worst = 0.0

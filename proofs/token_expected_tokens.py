@@ -12,7 +12,7 @@ Method:
    (via sympy summation).
 2. The package's exact analysis agrees: for context-independent rational models
    (all laws over V = 2, 3 with entries in multiples of 1/3, every ordered pair) and
-   gamma = 1..4, coupling.block.accepted_length_law("token", ...) equals that law with
+   gamma = 1..4, coupling.accepted_length_law("token", ...) equals that law with
    alpha = sum_x min(p(x), q(x)) exactly (Fractions), and block_efficiency equals the closed
    form exactly.
 
@@ -27,7 +27,7 @@ import sys
 import sympy as sp
 from _block_common import constant_lm, simplex_grid
 
-from coupling.block import accepted_length_law, block_efficiency
+from coupling import accepted_length_law, block_efficiency
 
 
 def symbolic() -> bool:

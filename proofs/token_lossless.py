@@ -18,7 +18,7 @@ to 0 identically (rational-function identities in the remaining free variables).
 Z = 0 (p = q, all tokens in the ">=" pattern with equality) has no rejection mass and
 pi = diag(p). The general-V argument is the one identity sum_x (q_x - p_x)_+ = Z, which
 holds because sum_x (p_x - q_x) = 0; the sympy check confirms it per pattern. A numeric
-cross-check compares the package's ``token.joint`` on random inputs.
+cross-check compares the package's ``coupling.RULES["token"].joint`` on random inputs.
 
 Status: verified (symbolic, V = 2..5; identity argument for general V).
 """
@@ -65,15 +65,16 @@ def main() -> int:
                 ok = False
         print(f"V={V}: all {2**V - 2} sign patterns verified symbolically")
     try:
-        from coupling.rules import token
+        from coupling import RULES
 
         rng = np.random.default_rng(0)
         for _ in range(200):
             V = int(rng.integers(2, 30))
             p, q = rng.dirichlet(np.ones(V) * 0.5), rng.dirichlet(np.ones(V) * 0.5)
-            J = token.joint(p, q)
+            J = RULES["token"].joint(p, q)
             assert 0.5 * np.abs(J.sum(0) - p).sum() < 1e-12 and np.abs(J.sum(1) - q).max() < 1e-12
-        print("numeric cross-check of coupling.rules.token.joint: 200 random pairs, TV < 1e-12")
+        print("numeric cross-check of coupling.RULES['token'].joint: 200 random pairs, "
+              "TV < 1e-12")
     except ImportError:
         print("coupling not importable: numeric cross-check skipped")
     print("token_lossless:", "VERIFIED" if ok else "FAILED")
