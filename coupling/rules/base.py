@@ -226,7 +226,10 @@ class Rule:
                  k: int = 1, replacement: bool = True):
         """Yield ``(emitted, accepted, probability)`` for every outcome of one call on two
         validated, memoised models (:mod:`coupling.sequence`), exactly."""
+        from ..sequence.models import check_num_paths
+
         self.require(k, replacement)
+        check_num_paths(target(context).size, gamma)    # the walk can reach every draft path
         return walk_outcomes(self, target, draft, gamma, context, k, replacement)
 
     def sample_call(self, target: Callable, draft: Callable, gamma: int,

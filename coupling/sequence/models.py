@@ -36,6 +36,7 @@ __all__ = [
     "check_path",
     "check_tree",
     "check_noise",
+    "check_num_paths",
     "path_laws",
     "draft_tree",
     "gumbel_block",
@@ -404,7 +405,9 @@ def check_noise(drafts: ArrayLike, p: ArrayLike, q: ArrayLike | None, noise: Arr
 # --------------------------------------------------------------------------------------
 
 
-def _check_num_paths(V: int, gamma: int) -> None:
+def check_num_paths(V: int, gamma: int) -> None:
+    """``ValueError`` unless the ``V**gamma`` draft paths of an exact enumeration fit
+    :data:`MAX_PATHS`."""
     if V**gamma > MAX_PATHS:
         raise ValueError(f"exact enumeration needs {V}**{gamma} = {V**gamma} draft paths, above "
                          f"{MAX_PATHS}; lower gamma or the vocabulary size")
@@ -420,7 +423,7 @@ def path_laws(target: LanguageModel, draft: LanguageModel, gamma: int, *,
     gamma = check_length(gamma)
     T, D, ctx = check_models(target, draft, context)
     V = T(ctx).size
-    _check_num_paths(V, gamma)
+    check_num_paths(V, gamma)
 
     def rec(prefix: tuple[int, ...], prob, qs: list):
         if len(prefix) == gamma:

@@ -44,12 +44,14 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from ...dist import tuple_law
+from ...dist import check_pair, tuple_law, validate_k
 from ..base import Rule
 from ..common import categorical
 from .rho import beta as beta_at
-from .rho import geometric_c, optimal_rho
+from .rho import geometric_c
+from .rho import optimal_rho as _optimal_rho
 
 __all__ = ["acceptance", "joint", "verify", "residual_law", "optimal_rho", "KSequential",
            "RULE", "APPROX", "RESIDUAL_ULPS"]
@@ -61,7 +63,7 @@ RESIDUAL_ULPS = 64
 
 
 def _params(p: np.ndarray, q: np.ndarray, k: int) -> tuple[float, np.ndarray, float]:
-    rho = optimal_rho(p, q, k)
+    rho = _optimal_rho(p, q, k)
     # acceptance probability of each token when drafted: min(1, p / (rho q))
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         a = np.where(q > 0, np.minimum(1.0, p / (rho * np.where(q > 0, q, 1.0))), 0.0)
@@ -85,10 +87,19 @@ def residual_at(p: np.ndarray, q: np.ndarray, k: int, rho: float,
     return d / z if z > 0 else p.copy()
 
 
-def residual_law(p: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
-    """The K-SEQ residual :math:`p_{res}` at the optimal rho (validated laws)."""
-    rho, _, beta = _params(p, q, k)
-    return residual_at(p, q, k, rho, beta)
+def optimal_rho(p: ArrayLike, q: ArrayLike, k: int) -> float:
+    r"""The smallest valid ratio :math:`\rho^\star \in [1, k]` for ``k`` i.i.d. drafts
+    (:func:`coupling.rules.kseq.rho.optimal_rho` on the validated laws)."""
+    pa, qa = check_pair(p, q)
+    return _optimal_rho(pa, qa, validate_k(k))
+
+
+def residual_law(p: ArrayLike, q: ArrayLike, k: int) -> np.ndarray:
+    """The K-SEQ residual :math:`p_{res}` at the optimal rho (``p``, ``q``, ``k`` validated)."""
+    pa, qa = check_pair(p, q)
+    k = validate_k(k)
+    rho, _, beta = _params(pa, qa, k)
+    return residual_at(pa, qa, k, rho, beta)
 
 
 def acceptance(p: np.ndarray, q: np.ndarray, k: int) -> float:
@@ -130,7 +141,7 @@ def verify(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, u_accept: np.ndarra
         if u_accept[i] * k * q[x] < p[x]:
             return x
         break
-    rho = optimal_rho(p, q, k)
+    rho = _optimal_rho(p, q, k)
     for i in range(k):
         x = int(drafts[i])
         if u_accept[i] * rho * q[x] < p[x]:
