@@ -26,9 +26,17 @@ from fractions import Fraction
 
 import numpy as np
 
-from ..dist import validate_k, validate_replacement
+from ..dist import num_tuples, validate_k, validate_replacement
 from ..rules import Rule, get_rule
-from .models import LanguageModel, ModelCache, check_context, check_length, check_models, is_exact
+from .models import (
+    MAX_PATHS,
+    LanguageModel,
+    ModelCache,
+    check_context,
+    check_length,
+    check_models,
+    is_exact,
+)
 
 __all__ = [
     "path_law",
@@ -40,6 +48,16 @@ __all__ = [
     "stream_law",
     "sample_stream",
 ]
+
+
+def _check_strings(V: int, length: int) -> None:
+    """An exact law over ``V**length`` strings must fit in memory: ``ValueError`` naming
+    ``length`` otherwise."""
+    n = num_tuples(V, length)
+    if n > MAX_PATHS:
+        count = f"{n:.3g}" if np.isfinite(n) else f"{V}**{length}"
+        raise ValueError(f"an exact law of length={length} enumerates {count} strings, above "
+                         f"{MAX_PATHS}; lower length or the vocabulary size")
 
 
 def _rule(rule: str | Rule, k: int, replacement: bool) -> tuple[Rule, int, bool]:
@@ -122,6 +140,7 @@ def target_law(target: LanguageModel, length: int, *, context: Sequence[int] = (
     ctx = check_context(context)
     V = T(ctx).size
     check_context(ctx, V)
+    _check_strings(V, length)
     exact = is_exact(T(ctx))
     out = np.zeros(V**length, dtype=object if exact else np.float64)
     for n, s in enumerate(itertools.product(range(V), repeat=length)):
@@ -149,6 +168,7 @@ def stream_law(rule: str | Rule, target: LanguageModel, draft: LanguageModel, ga
     length = check_length(length, "length")
     T, D, ctx = check_models(target, draft, context)
     V = T(ctx).size
+    _check_strings(V, length)
     one = Fraction(1) if is_exact(T(ctx)) else 1.0
     frontier = {(): one}
     done: dict = {}
