@@ -122,10 +122,13 @@ def pair_sets(q: np.ndarray, replacement: bool) -> tuple[np.ndarray, np.ndarray]
         mass = q[a] * q[b]
         mass[a != b] *= 2.0
     else:
-        # P{(a, b)} + P{(b, a)} = q_a q_b / (1 - q_a) + q_b q_a / (1 - q_b)
+        # P{(a, b)} + P{(b, a)} = q_a q_b / (1 - q_a) + q_b q_a / (1 - q_b), each as q times a
+        # ratio q_b / (1 - q_a) <= 1: q_b / (1 - q_a) cannot overflow where 1 - q_a is
+        # subnormal, as q_a / (1 - q_a) would (inf, then inf * q_b)
         rest = others_sum(q)
-        share = np.divide(q, rest, out=np.zeros_like(q), where=rest > 0)
-        mass = q[b] * share[a] + q[a] * share[b]
+        qa, qb, ra, rb = q[a], q[b], rest[a], rest[b]
+        mass = (qa * np.divide(qb, ra, out=np.zeros_like(qb), where=ra > 0)
+                + qb * np.divide(qa, rb, out=np.zeros_like(qa), where=rb > 0))
     return sets, mass
 
 

@@ -123,7 +123,14 @@ def tv_bounds(p: np.ndarray, q: np.ndarray) -> tuple[float, float]:
     return (1.0 - t) / (1.0 + t), 1.0 - t
 
 
+#: below this, an off-diagonal entry (at most min(q_x, p_y)) is left at 0: its integral's
+#: coefficients overflow there, and its mass lies far below any float sum's resolution
+_NEGLIGIBLE = 1e-290
+
+
 def _offdiag(p: np.ndarray, q: np.ndarray, x: int, y: int) -> float:
+    if min(q[x], p[y]) < _NEGLIGIBLE:
+        return 0.0
     s_lo = q[y] / q[x]
     s_hi = np.inf if p[x] == 0 else p[y] / p[x]
     if not s_hi > s_lo:
@@ -154,9 +161,12 @@ def joint(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     V = p.size
     J = np.zeros((V, V))
     c = match(p, q)
-    for x in np.flatnonzero(q > 0):
-        for y in np.flatnonzero(p > 0):
-            J[x, y] = c[x] if x == y else _offdiag(p, q, int(x), int(y))
+    # a subnormal q_x or p_x sends its ratios to inf: the integral's range is then empty or
+    # infinite, which the pieces below read correctly (the mass is below float resolution)
+    with np.errstate(over="ignore", divide="ignore"):
+        for x in np.flatnonzero(q > 0):
+            for y in np.flatnonzero(p > 0):
+                J[x, y] = c[x] if x == y else _offdiag(p, q, int(x), int(y))
     return J
 
 

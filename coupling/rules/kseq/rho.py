@@ -408,7 +408,7 @@ def optimal_rho_rows(p, q, m, ops: Ops = NP_OPS):
         f1 = ops.where(unsure, direct_margin(p, q, dp_all, dq_all, mf_all, kmax, rho, ops), f1)
     # h(1) < 0 makes rho = 1 invalid only if some token of p-mass has p/q < 1; where every such
     # token has p/q >= 1 the residual needs only c(beta(1)) <= min p/q (module doc)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):   # numpy's warnings
         r_min = ops.amin(ops.where(p > 0, p / q, math.inf))
     need = need & (f1 < 0) & ~((r_min >= 1.0) & (c1 <= r_min))
     if not bool(need.any()):
@@ -417,7 +417,7 @@ def optimal_rho_rows(p, q, m, ops: Ops = NP_OPS):
     P, Q, mf, dp, dq = p[idx], q[idx], mf_all[idx], dp_all[idx], dq_all[idx]
     mm = kmax if bool((mf == kmax).all()) else mf            # an int: the margin's fast path
     mcol = mm if isinstance(mm, int) else mm[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):      # numpy's warnings only
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):   # numpy's warnings
         R = P / Q                                            # q = 0 < p: +inf; p = q = 0: NaN
     t, real, lo, hi, lt, ge = _bracket(R, P, Q, mf, kmax, ops)
     n = t.shape[1]
