@@ -1,8 +1,8 @@
 """The verification rules, one folder each, behind one registry.
 
 ``RULES`` maps a name to its :class:`~coupling.rules.base.Rule`: every layer of the package
-(the exact analysis, :func:`coupling.check_rule`, the CLI, :func:`coupling.verify` and the
-engine) finds a rule here and nowhere else. Variants are parameters (``k``,
+(the exact analysis, :func:`coupling.check_rule`, the CLI, :func:`coupling.verify`) finds a
+rule here and nowhere else. Variants are parameters (``k``,
 ``replacement``), not names.
 
 =========  =============================================================  ==================

@@ -12,8 +12,8 @@ Glossary
 uniforms
     every sampler is a deterministic core fed explicit uniforms in ``[0, 1)``: one *coin* per
     draft, then one *draw* for the emitted token (inverse CDF in token order), unless a rule
-    says otherwise (:meth:`Rule.n_uniforms`). Engines pass keyed uniforms, tests pass their
-    own, samplers pass ``rng.random``.
+    says otherwise (:meth:`Rule.n_uniforms`). Batched twins pass keyed uniforms
+    (:mod:`coupling.keyed`), tests pass their own, samplers pass ``rng.random``.
 gamma, block, tree
     a call verifies ``k`` branches of ``gamma`` drafted tokens each, with the laws along every
     branch: ``drafts [k, gamma]``, ``p [k, gamma + 1, V]`` (the last row is the bonus law),

@@ -431,7 +431,7 @@ def optimal_rho_rows(p, q, m, ops: Ops = NP_OPS):
     above = (ops.take(ge[0], s)[:, 0], ops.take(ge[1], s)[:, 0])
     if ops is NP_OPS and idx.shape[0] == 1:
         # one numpy row: the last two steps on Python floats, where a scalar operation costs a
-        # tenth of a one-element array's (python benchmarks/bench_kernels.py times the root)
+        # tenth of a one-element array's
         lo, hi, below, above, dp, dq = (float(v) if not isinstance(v, tuple)
                                         else tuple(float(w) for w in v)
                                         for v in (lo[0], hi[0], (below[0][0], below[1][0]),

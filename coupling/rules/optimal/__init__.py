@@ -109,8 +109,8 @@ def plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> tuple[np.nd
 
 
 def clear_plan_cache() -> None:
-    """Forget the cached plans (a benchmark times a fresh solve: on real text every call
-    brings new laws, so the cache never hits there)."""
+    """Forget the cached plans (to time a fresh solve: on real text every call brings new
+    laws, so the cache never hits there)."""
     _cache.clear()
 
 

@@ -145,7 +145,7 @@ def optimal_cut(
 
 
 def scan(pa: np.ndarray, qa: np.ndarray, k: int, replacement: bool) -> tuple[float, np.ndarray]:
-    """The prefix scan on validated inputs (benchmarked separately from validation)."""
+    """The prefix scan on validated inputs (for callers that validated ``p``, ``q`` once)."""
     order = ratio_order(pa, qa)
     ps = pa[order]
     tail_p = np.concatenate([np.cumsum(ps[::-1])[::-1], [0.0]])  # p(H_m^c)
