@@ -270,8 +270,9 @@ class Rule:
     # ------------------------------------------------------------------ torch twin
     @property
     def torch(self):
-        """The batched torch twin, ``coupling.rules.<name>.torch`` (imported on first use)."""
-        return importlib.import_module(f"coupling.rules.{self.name}.torch")
+        """The batched torch twin: the module ``torch`` of the rule's folder (imported on first
+        use, so the numpy core never needs torch)."""
+        return importlib.import_module(f"{type(self).__module__}.torch")
 
     # ------------------------------------------------------------------ hooks
     def _acceptance(self, p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> float:
