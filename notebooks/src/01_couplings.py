@@ -25,8 +25,7 @@
 import matplotlib.pyplot as plt
 import numpy as np
 
-from coupling import solve_coupling, tv
-from coupling.rules import RULES
+from coupling import RULES, solve_coupling, tv
 
 np.set_printoptions(precision=4, suppress=True)
 rng = np.random.default_rng(20240601)
@@ -93,7 +92,7 @@ for pair, name, t, a, e in rows:
 # %% [markdown]
 # ## The validation harness on these pairs
 #
-# `coupling.check.check_rule` checks a rule *exactly* (output law equals $p$ to $10^{-12}$,
+# `coupling.check_rule` checks a rule *exactly* (output law equals $p$ to $10^{-12}$,
 # draft marginal, closed-form acceptance equals the joint's diagonal mass, acceptance below the
 # LP optimum and inside the rule's own bound); `check_sampler` compares 20000 draws of the
 # rule's sampler with its exact joint by a chi-square test at level $10^{-3}$ (its false-positive
@@ -102,8 +101,9 @@ for pair, name, t, a, e in rows:
 # Multi-draft rules are checked at $k = 2$ here (notebook 02 studies them).
 
 # %%
-from coupling.check import check_rule, check_sampler
-from coupling.rules.token import TOKEN_NO_RESIDUAL
+from coupling import NEGATIVE_CONTROLS, check_rule, check_sampler
+
+TOKEN_NO_RESIDUAL = NEGATIVE_CONTROLS["token_no_residual"]
 
 print(f"{'pair':>15} {'rule':>8} {'k':>2} {'TV(out, p)':>11} {'accept':>8} {'LP opt':>8} "
       f"{'chi2 p-value':>12}  verdict")

@@ -10,7 +10,7 @@
 #
 # $$\alpha^\star_k = \min_{H \subseteq [V]} \; p(H^c) + P(\text{some draft lies in } H),$$
 #
-# and `coupling.optimal.optimal_acceptance` evaluates it exactly by a prefix scan in the
+# and `coupling.optimal_acceptance` evaluates it exactly by a prefix scan in the
 # $p/q$ order (Hu et al. 2025). Practical rules are cheaper and sub-optimal:
 #
 # * **K-SEQ** (`kseq`, SpecTr, Sun et al. 2023): accept draft $i$ w.p. $\min(1, p/(\rho q))$
@@ -27,9 +27,7 @@
 import matplotlib.pyplot as plt
 import numpy as np
 
-from coupling import solve_coupling, tv
-from coupling.optimal import optimal_acceptance
-from coupling.rules import RULES
+from coupling import RULES, optimal_acceptance, solve_coupling, tv
 
 rng = np.random.default_rng(7)
 E_APPROX = 1 - np.exp(-1)  # K-SEQ's approximation factor
@@ -238,13 +236,14 @@ for k, (r, bp_, bq_, finals) in worst.items():
 # with one token there is forced to it), and every token outside $H$ receives exactly
 # $p_x$, from the sets inside $H^c$, which reject the rest; the rejected mass goes to $H$ in
 # proportion to what is left of $p$ there. So an optimal plan needs only a feasible point of
-# two independent parts, which `coupling.optimal.CutPlan` finds by closed forms (POT solves a
+# two independent parts, which `coupling.rules.optimal.CutPlan` finds by closed forms (POT solves a
 # part only where they fail). Below, for the pair above and $k = 2$ i.i.d. drafts: the plan
 # over the $V(V+1)/2$ draft sets, grouped by kind, next to POT's plan for the whole transport.
 # Both are lossless and reach the optimum; they are different optimal plans.
 
 # %%
-from coupling.optimal import CutPlan, pair_sets, set_members
+from coupling.draftsets import pair_sets, set_members
+from coupling.rules.optimal import CutPlan
 from coupling.solve import solve_sets
 
 sets, mass = pair_sets(q, True)

@@ -19,8 +19,9 @@
 #   over whole blocks is an upper bound for any verifier (not always achievable).
 #
 # Everything below is exact enumeration over the $V^\gamma$ draft blocks
-# (`coupling.block.block_efficiency`), checked against Monte Carlo with `sample_block`;
-# the last section runs both rules on next-token laws recorded from a real LLM.
+# (`coupling.block_efficiency`), checked against Monte Carlo with sampled calls
+# (`RULES[rule].sample_call`); the last section runs both rules on next-token laws recorded
+# from a real LLM.
 
 # %%
 %matplotlib inline
@@ -30,18 +31,17 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 import coupling
-from coupling.block import (
+from coupling import (
+    RULES,
     TabularLM,
     block_efficiency,
-    block_weights,
     expected_accepted,
     full_information_accepted,
     motivating_example,
     optimal_block_efficiency,
     optimal_expected_accepted,
-    path_law,
-    sample_block,
 )
+from coupling.sequence import path_law
 
 # %% [markdown]
 # ## The paper's motivating example, in exact rationals
@@ -125,7 +125,8 @@ for name, e in eff.items():
 draft = drafts["lambda = 0.6"]
 mc_rng = np.random.default_rng(11)
 for rule in ("token", "block"):
-    lengths = np.array([len(sample_block(rule, target, draft, 4, mc_rng)) for _ in range(4000)])
+    lengths = np.array([len(RULES[rule].sample_call(target, draft, 4, mc_rng, ()))
+                        for _ in range(4000)])
     exact = block_efficiency(rule, target, draft, 4)
     half = 3.29 * lengths.std(ddof=1) / np.sqrt(lengths.size)
     print(f"{rule:>6}: sampled {lengths.mean():.4f} +- {half:.4f}  exact {exact:.4f}")
@@ -148,11 +149,11 @@ for rule in ("token", "block"):
 #
 # For each recorded block and each $\gamma$ up to the recorded
 # length we compute the **exact** conditional law of the accepted length given the drafted
-# block (`coupling.block.path_law` on the first $\gamma$ positions) for both rules, so the
+# block (`coupling.sequence.path_law` on the first $\gamma$ positions) for both rules, so the
 # average of $E[\tau + 1 \mid X]$ over blocks estimates the block efficiency on this run's
 # contexts with no verification noise (bars: $\pm 1$ s.e. over blocks). For block
 # verification a second unbiased estimate comes from Sun et al.'s identity
-# $P(\tau \ge i \mid X^{i}) = w_i$: $1 + \sum_{i \le \gamma} w_i$ (`block_weights`); it dominates
+# $P(\tau \ge i \mid X^{i}) = w_i$: $1 + \sum_{i \le \gamma} w_i$ (`RULES["block"].weights`); it dominates
 # token verification's $1 + \sum_{i \le \gamma} \prod_{j \le i} \min(1, p_j(x_j)/q_j(x_j))$ on
 # every single block. Blocks with a drafted token outside the stored support (possible when
 # the draft law is broad) cannot be evaluated and are left out; their number is printed. The
@@ -163,7 +164,7 @@ for rule in ("token", "block"):
 # %%
 import re
 
-from coupling.block import constant_acceptance_efficiency
+from coupling.sequence import constant_acceptance_efficiency
 
 DATA = Path(coupling.__file__).parent / "data"
 TRACES = {
@@ -218,7 +219,7 @@ def replay(z):
                 tau_law, _ = path_law(rule, x[:g], P[:g + 1], Q[:g])
                 row.append(float(np.dot(np.arange(g + 1), tau_law)) + 1.0)
             per_step[rule].append(row)
-        w, _ = block_weights(x, P, Q)
+        w, _ = RULES["block"].weights(x, P, Q)
         per_step["block, w identity"].append(1.0 + np.cumsum(w[1:]))
         realised.append(acc + 1)
     per_step = {r: np.array(v) for r, v in per_step.items()}

@@ -25,12 +25,11 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from coupling import tv
-from coupling.block import TabularLM, sample_block, sample_stream
-from coupling.rules import RULES
-from coupling.rules.gumbel import gumbel_pair, gumbel_pair_from_noise
-from coupling.torch_backend import gumbel_draft, gumbel_noise
-from coupling.torch_backend import verify as tb_verify
+import coupling
+from coupling import RULES, TabularLM, sample_stream, tv
+from coupling.rules import gumbel
+from coupling.rules.gumbel.torch import draft as gumbel_draft
+from coupling.torch_backend import gumbel_noise
 
 rng = np.random.default_rng(2024)
 
@@ -90,13 +89,13 @@ print(f"gumbel keeps {np.median(G / (1 - T)):.1%} of the optimum (median), {np.m
       f"minhash {np.median(M / (1 - T)):.1%} median")
 
 # %% [markdown]
-# A sampled check of the closed form: 20000 shared-noise pairs from `gumbel_pair` for one
-# pair; the exact value must lie in the 99.9% interval.
+# A sampled check of the closed form: 20000 shared-noise pairs from
+# `coupling.rules.gumbel.pair` for one pair; the exact value must lie in the 99.9% interval.
 
 # %%
 p, q = rng.dirichlet(np.ones(V)), rng.dirichlet(np.ones(V))
 mc = np.random.default_rng(5)
-hits = np.mean([x == y for x, y in (gumbel_pair(p, q, mc) for _ in range(20000))])
+hits = np.mean([x == y for x, y in (gumbel.pair(p, q, mc) for _ in range(20000))])
 exact = RULES["gumbel"].acceptance(p, q)
 half = 3.29 * np.sqrt(exact * (1 - exact) / 20000)
 print(f"sampled {hits:.4f}, exact {exact:.4f} +- {half:.4f};  1 - TV = {1 - tv(p, q):.4f}")
@@ -112,7 +111,7 @@ assert abs(hits - exact) < half
 # $X_t = \arg\max \log q_t + G_t$, the verifier computes $Y_t = \arg\max \log p_t + G_t$, accepts
 # while $X_t = Y_t$ and emits $Y_t$ at the first mismatch. The emitted stream is therefore the
 # target's own Gumbel-max sample, **identical for every drafter**; only the number of target
-# calls changes. For contrast, `token` verification (`coupling.block.sample_stream`) with one
+# calls changes. For contrast, `token` verification (`coupling.sample_stream`) with one
 # numpy seed gives a different stream for each drafter (each is a valid sample of the target;
 # they are just not the same one).
 
@@ -136,7 +135,7 @@ def gumbel_speculative(target, draft, gamma, length, seed):
         ctx = tuple(out)
         for i in range(gamma + 1):
             G = noise(seed, len(out))
-            x, y = gumbel_pair_from_noise(target(ctx), draft(ctx), G)
+            x, y = gumbel.pair_from_noise(target(ctx), draft(ctx), G)
             out.append(y)  # y is accepted draft (x == y) or the correction / bonus token
             ctx = ctx + (y,)
             if x != y or i == gamma or len(out) >= length:
@@ -185,15 +184,17 @@ print(f"token streams disagree on {min(differ):.0%}-{max(differ):.0%} of positio
 #
 # Over 30 seeds and 40 tokens each, for each drafter: the Gumbel stream always equals the
 # target-alone stream (asserted), and we measure tokens per target call for Gumbel and for
-# `token` verification (driven by `coupling.block.sample_block`, one call per iteration).
+# `token` verification (driven by `RULES["token"].sample_call`, one call per iteration).
 # `token` is optimal per position, so it produces more tokens per call; the gap is the price
-# of invariance.
+# of invariance. The sampled means carry the error bars shown; the exact expected tokens of
+# the first call, `coupling.block_efficiency`, are printed next to them (and token >= gumbel
+# is asserted on them: per position Gumbel's match probability is at most $\min(p, q)$).
 
 # %%
 def token_tokens_per_call(target, draft, gamma, length, rng):
     out, calls = [], 0
     while len(out) < length:
-        out.extend(int(t) for t in sample_block("token", target, draft, gamma, rng, context=tuple(out)))
+        out.extend(RULES["token"].sample_call(target, draft, gamma, rng, tuple(out)))
         calls += 1
     return length / calls  # same truncation as gumbel_speculative: length tokens over the calls used
 
@@ -221,16 +222,20 @@ ax.set_title(f"gamma = {GAMMA}, {SEEDS} seeds x {LEN} tokens (mean +- s.e.)")
 ax.legend()
 plt.show()
 for n, (g, t) in eff.items():
+    exact = {rule: coupling.block_efficiency(rule, target, drafters[n], GAMMA)
+             for rule in ("gumbel", "token")}
+    assert exact["gumbel"] <= exact["token"] + 1e-12, n
     print(f"{n}: gumbel {g.mean():.2f} +- {g.std(ddof=1) / np.sqrt(SEEDS):.2f}, "
-          f"token {t.mean():.2f} +- {t.std(ddof=1) / np.sqrt(SEEDS):.2f} tokens per call")
+          f"token {t.mean():.2f} +- {t.std(ddof=1) / np.sqrt(SEEDS):.2f} tokens per call "
+          f"(exact, first call: gumbel {exact['gumbel']:.2f}, token {exact['token']:.2f})")
 
 # %% [markdown]
 # ## The same invariance through the batched torch backend
 #
-# The engine's rule, `coupling.torch_backend.verify("gumbel", ...)`, verifies a batch of
+# The engine's rule, `coupling.verify("gumbel", ...)`, verifies a batch of
 # requests at once, drawing its noise from counter-based keys (seed, absolute position). Here
 # the three drafters form a batch of three requests *with the same seed*: each drafts with
-# `gumbel_draft` (keyed noise at the positions it drafts), the verifier emits the accepted
+# `coupling.rules.gumbel.torch.draft` (keyed noise at the positions it drafts), the verifier emits the accepted
 # prefix and one more token. Every request must reproduce the numpy reference stream above,
 # bit for bit, although the requests accept different numbers of drafts in every call.
 
@@ -251,7 +256,8 @@ def torch_gumbel_batch(target, drafts_by_row, gamma, length, seed):
                 ctx = ctx + (int(D[b, 0, i]),)
             for i in range(gamma + 1):
                 P[b, 0, i] = torch.tensor(target(tuple(outs[b]) + tuple(D[b, 0, :i].tolist())))
-        verdict = tb_verify("gumbel", D, P, Q, seeds=torch.full((B,), seed), positions=torch.tensor(pos))
+        verdict = coupling.verify("gumbel", D, P, Q, seeds=torch.full((B,), seed),
+                                  positions=torch.tensor(pos))
         for b in range(B):
             if len(outs[b]) < length:
                 n = int(verdict.accepted[b])
