@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from coupling.block import (
+from coupling import (
     TabularLM,
     block_efficiency,
     full_information_accepted,

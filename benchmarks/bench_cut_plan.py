@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """The optimal rule's plan for two drafts: the whole transport against the plan built through
-the min cut (:class:`coupling.optimal.CutPlan`), on the same laws, in the same process.
+the min cut (:class:`coupling.rules.optimal.CutPlan`), on the same laws, in the same process.
 
 Laws: ``synthetic``, the demo's sampling transforms (T = 0.7, top-k 50, top-p 0.95) on target
 logits N(0, 3^2) and draft logits the target's plus N(0, 1) (``ab_common.demo_laws``), one
@@ -87,8 +87,10 @@ def real_laws(prompts: int, threads: int):
 def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
-    from coupling.optimal import CutPlan, pair_index, pair_sets, set_members
-    from coupling.solve import solve_coupling, solve_sets
+    from coupling import solve_coupling
+    from coupling.draftsets import pair_index, pair_sets, set_members
+    from coupling.rules.optimal import CutPlan
+    from coupling.solve import solve_sets
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--laws", type=int, default=300, help="synthetic laws")

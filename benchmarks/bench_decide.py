@@ -1,9 +1,6 @@
 #!/usr/bin/env python
 """The engine's verification call (``rules_adapter.decide``, B = 1) on laws as the demo makes
-them, with the support compression on against off (the baseline), in the same process; and,
-compressed, the keyed uniforms' keys and key prefixes hashed in Python integers (the default
-for a few keys on a CPU, ``rng.SMALL_PREFIX``) against tensor ops (``SMALL_PREFIX = 0``, the
-old way).
+them, with the support compression on against off (the baseline), in the same process.
 
 Laws: target logits N(0, 3^2) and draft logits the target's plus N(0, 1), both through the
 demo's sampling transforms (T = 0.7, top-k 50, top-p 0.95) at V = 49152, so each law has at
@@ -34,7 +31,6 @@ def main(argv: list[str] | None = None) -> int:
     from coupling.llm import rules_adapter
     from coupling.llm.sampling import SamplingConfig
     from coupling.rules import optimal as optimal_rule
-    from coupling.torch_backend import rng
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--threads", type=int, default=1)
@@ -52,10 +48,8 @@ def main(argv: list[str] | None = None) -> int:
           f"% of a target step " + (f"of {args.step_ms:g} ms" if args.step_ms else
                                      "timed around each row (median of 6)"))
     print(f"{'rule':8s} {'k':>2s} {'full V, ms':>10s} {'compressed, ms':>14s} {'ratio':>6s} "
-          f"{'step, ms':>8s} {'% step (compressed)':>20s} {'support':>7s} "
-          f"{'tensor-hashed, ms':>17s} {'int / tensor':>12s}")
-    small = rng.SMALL_PREFIX
-    modes = ((False, small), (True, small), (True, 0))   # (compress, SMALL_PREFIX)
+          f"{'step, ms':>8s} {'% step (compressed)':>20s} {'support':>7s}")
+    modes = (False, True)   # compress
     for rule, k in [("token", 1), ("block", 1), ("gumbel", 1), ("rrs", 2), ("kseq", 2),
                     ("optimal", 2), ("rrs_wor", 2), ("optimal_wor", 2), ("rrs", 4),
                     ("kseq", 4)]:
@@ -70,24 +64,22 @@ def main(argv: list[str] | None = None) -> int:
         # the optimal rules cache their LP plan per (p, q); on real text every call brings
         # new laws, so each timed call solves afresh
         fresh = rules_adapter.backend_rule(rule)[0] == "optimal"
-        times: dict[tuple[bool, int], list[float]] = {m: [] for m in modes}
+        times: dict[bool, list[float]] = {m: [] for m in modes}
         steps = [step.time_ms() for _ in range(3)] if step else []
         for i in range(args.repeats + 5):
-            for compress, prefix in modes:
-                rng.SMALL_PREFIX = prefix
+            for compress in modes:
                 if fresh:
                     optimal_rule.clear_plan_cache()
                 t0 = time.perf_counter()
                 rules_adapter.decide(rule, drafts, q, p, 0, 100 + i, compress=compress)
                 if i >= 5:
-                    times[(compress, prefix)].append(time.perf_counter() - t0)
-        rng.SMALL_PREFIX = small
+                    times[compress].append(time.perf_counter() - t0)
         steps += [step.time_ms() for _ in range(3)] if step else []
         step_ms = statistics.median(steps) if step else args.step_ms
-        full, comp, old = (1e3 * statistics.median(times[m]) for m in modes)
+        full, comp = (1e3 * statistics.median(times[m]) for m in modes)
         U = rules_adapter.support(p, q).numel()
         print(f"{rule:8s} {k:2d} {full:10.2f} {comp:14.2f} {comp / full:6.2f} {step_ms:8.1f} "
-              f"{100 * comp / step_ms:19.1f}% {U:7d} {old:17.2f} {comp / old:12.2f}")
+              f"{100 * comp / step_ms:19.1f}% {U:7d}")
     return 0
 
 

@@ -1,13 +1,13 @@
 """Cost of the batched torch verification kernels (coupling.torch_backend) per call.
 
 For V = 49152 (SmolLM2's vocabulary) and (B, k, gamma) in {(1, 1, 4), (1, 4, 4), (64, 4, 8)}
-it times every rule of :data:`coupling.torch_backend.VERIFIERS` on realistic inputs:
+it times every rule's batched twin (``coupling.RULES[name].torch.verify``) on realistic inputs:
 
 * target logits z ~ N(0, 3^2) per (request, branch, position); draft logits z + N(0, 1)
   (a correlated but imperfect drafter); both softmaxed in float32;
 * drafts sampled from the draft laws, i.i.d. across branches; for ``gumbel`` the drafts are
-  the drafter's side of the coupling, ``gumbel_draft(q, seed, position)``, so that its
-  acceptance is the coupling's.
+  the drafter's side of the coupling, ``coupling.rules.gumbel.torch.draft(q, seed,
+  position)``, so that its acceptance is the coupling's.
 
 Baseline, in the same process: one float32 ``softmax`` over the ``[B, k, gamma+1, V]``
 target logits, the unavoidable cost of producing the probabilities. Columns: median
@@ -35,7 +35,9 @@ import time
 
 import torch
 
-from coupling.torch_backend import VERIFIERS, gumbel_draft, gumbel_noise
+from coupling import RULES
+from coupling.rules.gumbel.torch import draft as gumbel_draft
+from coupling.torch_backend import gumbel_noise
 
 V = 49152
 CONFIGS = ((1, 1, 4), (1, 4, 4), (64, 4, 8))
@@ -141,7 +143,8 @@ def run(device: str, reps: int, min_time: float, target_ms: float | None,
             f"{base:.3f} | 1.00 | {fmt_step(st)} | {pct(base, st)} | | |"
         )
         print(lines[-1], flush=True)
-        for name, fn in VERIFIERS.items():
+        for name, rule in RULES.items():
+            fn = rule.torch.verify
             d = drafts
             if name == "gumbel":  # shared-noise drafts: x_i = argmax(log q_i + G(seed, t + i))
                 t_i = pos.view(B, 1, 1) + torch.arange(g, device=device).view(1, 1, g)

@@ -24,9 +24,8 @@ from functools import partial
 
 import numpy as np
 
-from coupling.dist import check_pair
-from coupling.optimal import _scan, optimal_acceptance
-from coupling.rules import RULES
+from coupling import RULES, check_pair, optimal_acceptance
+from coupling.rules.optimal.cut import scan
 
 SEED = 20231023
 VS = (100, 5000, 49152)
@@ -86,7 +85,7 @@ def main() -> int:
                         t_opt = timeit(partial(optimal_acceptance, p, q, k, replacement=rep))
                         opt = optimal_acceptance(p, q, k, replacement=rep)
                         pa, qa = check_pair(p, q)
-                        t_scan = timeit(partial(_scan, pa, qa, k, rep))
+                        t_scan = timeit(partial(scan, pa, qa, k, rep))
                     except ValueError:
                         opt, t_opt, t_scan = float("nan"), float("nan"), float("nan")
                     t_val = timeit(partial(check_pair, p, q))
@@ -94,7 +93,7 @@ def main() -> int:
                         (fam, V, k, "iid" if rep else "wor", opt, t_opt, t_scan, t_val, t_sort)
                     )
                     for name, rule in RULES.items():
-                        if not rule.supports(k, rep):
+                        if rule.unit != "token" or not rule.supports(k, rep):
                             continue
                         try:
                             a = rule.acceptance(p, q, k, replacement=rep)
@@ -125,7 +124,7 @@ def main() -> int:
             f"{f(ta)} | {f(ts)} |"
         )
     print("\n## optimal_acceptance cost vs one np.argsort of V floats (same process)\n")
-    print("`scan` is the prefix scan on validated arrays; `validate` is coupling.dist.check_pair")
+    print("`scan` is the prefix scan on validated arrays; `validate` is coupling.check_pair")
     print("(both inputs), which the public call adds.\n")
     print(
         "| pair | V | k | drafts | OPT | optimal_acceptance (ms) | scan (ms) | validate (ms) "
