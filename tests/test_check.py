@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from coupling import NEGATIVE_CONTROLS, RULES, tuple_law
 from coupling.check import RuleReport, check_rule, check_sampler, draw_drafts, trace_mass
-from coupling.dist import tuple_law
-from coupling.rules import RULES, Rule
 from coupling.rules import token as token_mod
-from coupling.rules.token import TOKEN_NO_RESIDUAL
+from coupling.rules.token import Token
+
+TOKEN_NO_RESIDUAL = NEGATIVE_CONTROLS["token_no_residual"]
 
 P = np.array([0.5, 0.2, 0.2, 0.1])
 Q = np.array([0.1, 0.3, 0.2, 0.4])
@@ -29,66 +30,53 @@ def test_broken_output_law_is_caught():
     assert not r.lossless and not r.ok
 
 
+class _WideBound(Token):
+    def _bound(self, p, q, k, replacement):
+        return 0.0, 1.0
+
+
 def test_wrong_closed_form_is_caught():
-    bad = Rule(
-        "token_bad_acceptance",
-        "",
-        "",
-        lambda k, r: k == 1,
-        lambda p, q, k=1, *, replacement=True: token_mod.acceptance(p, q) + 1e-6,
-        token_mod.joint,
-        token_mod.sample,
-        lambda p, q, k=1, *, replacement=True: (0.0, 1.0),
-    )
-    r = check_rule(bad, P, Q)
+    class BadAcceptance(_WideBound):
+        name = "token_bad_acceptance"
+
+        def _acceptance(self, p, q, k, replacement):
+            return token_mod.acceptance(p, q) + 1e-6
+
+    r = check_rule(BadAcceptance(), P, Q)
     assert r.lossless and not r.ok and r.acceptance_err > 5e-7
 
 
 def test_above_optimum_is_caught():
     """A 'rule' claiming more than the LP optimum must fail even if its joint is fine."""
-    bad = Rule(
-        "too_good",
-        "",
-        "",
-        lambda k, r: k == 1,
-        lambda p, q, k=1, *, replacement=True: 0.9,
-        token_mod.joint,
-        token_mod.sample,
-        lambda p, q, k=1, *, replacement=True: (0.0, 1.0),
-    )
-    r = check_rule(bad, P, Q)
+
+    class TooGood(_WideBound):
+        name = "too_good"
+
+        def _acceptance(self, p, q, k, replacement):
+            return 0.9
+
+    r = check_rule(TooGood(), P, Q)
     assert not r.within_optimum and not r.ok
 
 
 def test_out_of_bound_is_caught():
-    bad = Rule(
-        "bad_bound",
-        "",
-        "",
-        lambda k, r: k == 1,
-        token_mod.acceptance,
-        token_mod.joint,
-        token_mod.sample,
-        lambda p, q, k=1, *, replacement=True: (0.7, 0.8),
-    )
-    assert not check_rule(bad, P, Q).ok
+    class BadBound(Token):
+        name = "bad_bound"
+
+        def _bound(self, p, q, k, replacement):
+            return 0.7, 0.8
+
+    assert not check_rule(BadBound(), P, Q).ok
 
 
 def test_wrong_draft_marginal_is_caught():
-    def joint(p, q, k=1, *, replacement=True):
-        return token_mod.joint(p, p)  # pretends the drafts come from p
+    class BadRows(Token):
+        name = "bad_rows"
 
-    bad = Rule(
-        "bad_rows",
-        "",
-        "",
-        lambda k, r: k == 1,
-        token_mod.acceptance,
-        joint,
-        token_mod.sample,
-        token_mod.bound,
-    )
-    r = check_rule(bad, P, Q)
+        def _joint(self, p, q, k, replacement):
+            return token_mod.joint(p, p)  # pretends the drafts come from p
+
+    r = check_rule(BadRows(), P, Q)
     assert r.draft_err > 0.1 and not r.ok
 
 
@@ -122,8 +110,8 @@ def test_draw_drafts_follow_tuple_law(rep):
 
 
 def test_check_sampler_refuses_settings_that_pass_any_rule():
-    """n = 0 draws nothing and alpha <= 0 rejects nothing: both once passed the broken
-    TOKEN_NO_RESIDUAL rule (ok=True)."""
+    """n = 0 draws nothing and alpha <= 0 rejects nothing: either would pass the broken
+    token_no_residual rule (ok=True)."""
     p, q = [0.5, 0.3, 0.2], [0.2, 0.2, 0.6]
     for n in (0, -5, 2.5):
         with pytest.raises(ValueError, match="n must be a positive integer"):

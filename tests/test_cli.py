@@ -66,6 +66,9 @@ def test_analyze_block_paper_example(capsys):
     assert b["block"] == pytest.approx(float(Fraction(11, 9) + 1), abs=1e-12)
     assert b["transport_bound"] == pytest.approx(float(Fraction(12, 9) + 1), abs=1e-9)
     assert b["optimal_lossless_verifier"] == pytest.approx(float(Fraction(11, 9) + 1), abs=1e-9)
+    # one draft: kseq, rrs and optimal are token verification; on two tokens so is gumbel
+    for name in ("kseq", "rrs", "optimal", "gumbel"):
+        assert b[name] == pytest.approx(b["token"], abs=1e-12), name
 
 
 def test_analyze_table_output():
@@ -108,3 +111,31 @@ def test_analyze_reports_overflowing_input_and_solver_failures(capsys, monkeypat
     monkeypatch.setattr(cli, "_cmd_analyze", fail)
     assert main(["analyze", "--target", "0.5,0.5", "--draft", "0.5,0.5"]) == 3
     assert "solver error: HiGHS" in capsys.readouterr().err
+
+
+def test_registered_commands_get_the_remaining_arguments(monkeypatch):
+    """A command registered under the entry-point group ``coupling.commands`` is called with
+    the arguments after its name, and its return value is the exit status."""
+    from coupling import cli
+
+    seen = []
+
+    class EntryPoint:
+        name, value = "echo", "tests:echo"
+
+        def load(self):
+            return lambda argv: seen.append(argv) or 7
+
+    monkeypatch.setattr(cli, "_commands", lambda: {"echo": EntryPoint()})
+    assert main(["echo", "--n", "3", "x"]) == 7
+    assert seen == [["--n", "3", "x"]]
+    assert "echo" in cli.build_parser().format_help()
+
+
+def test_help_lists_every_installed_command():
+    from importlib.metadata import entry_points
+
+    proc = run_cli("--help")
+    assert proc.returncode == 0, proc.stderr
+    for name in ["analyze", *(ep.name for ep in entry_points(group="coupling.commands"))]:
+        assert name in proc.stdout

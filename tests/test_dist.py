@@ -20,7 +20,7 @@ from tests.strategies import distributions, pairs
         ([[0.5, 0.5]], "1-D"),
         ([], "empty"),
         (0.5, "1-D"),
-        (["a", "b"], "numeric"),
+        (["a", "b"], "must be real numbers, got dtype <U1"),
         ([1 + 0j], "real"),
     ],
 )

@@ -1,7 +1,9 @@
-"""coupling.optimal: the min-cut prefix scan equals the LP optimum."""
+"""``optimal``: the min-cut prefix scan equals the LP optimum, the plan through the cut is an
+optimal coupling, and the sampler reads its rows."""
 
 from __future__ import annotations
 
+import importlib
 import itertools
 
 import numpy as np
@@ -9,9 +11,18 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from coupling.dist import tuple_law
-from coupling.optimal import optimal_acceptance, optimal_cut, ratio_order
-from coupling.solve import solve_coupling
+from coupling import RULES, SolverError, solve_coupling, tuple_law
+from coupling.check import trace_mass
+from coupling.draftsets import group_by_set, padded_sets, pair_index, pair_sets, set_members
+from coupling.rules import optimal as opt
+from coupling.rules.optimal import CutPlan, cut_plan, optimal_acceptance, optimal_cut, ratio_order
+from tests.strategies import rule_pairs
+
+# the module (the package's name ``plan`` is the function that reads a plan over tuples)
+plan_mod = importlib.import_module("coupling.rules.optimal.plan")
+
+OPTIMAL = RULES["optimal"]
+MODES = [(1, True), (2, True), (3, True), (2, False), (3, False)]
 
 
 @st.composite
@@ -116,9 +127,6 @@ def test_two_distinct_drafts_with_a_subnormal_rest(p, q):
     """k = 2 without replacement when 1 - q_b is subnormal for the likeliest draft b: the
     hit probability's q_b / (1 - q_b) once overflowed, 0 * inf made the prefix NaN, and
     optimal_acceptance and rrs's closed form both returned 0.0 (the LP: 1.0)."""
-    from coupling.check import trace_mass
-    from coupling.rules import RULES
-
     p, q = np.array(p), np.array(q)
     lp = solve_coupling(p, q, 2, replacement=False).acceptance
     assert optimal_acceptance(p, q, 2, replacement=False) == pytest.approx(lp, abs=1e-12)
@@ -131,10 +139,8 @@ def test_two_distinct_drafts_with_a_subnormal_rest(p, q):
 
 # ---------------------------------------------------------------- the plan through the cut
 def _set_law(q, k, rep):
-    from coupling.solve import _group_by_set, padded_sets
-
     tuples, probs = tuple_law(q, k, replacement=rep)
-    _, mass, members = _group_by_set(tuples, probs, q.size)
+    _, mass, members = group_by_set(tuples, probs, q.size)
     return padded_sets(members), mass, members
 
 
@@ -151,8 +157,6 @@ def _assert_optimal_coupling(plan, members, mass, p, q, k, rep):
 def test_the_plan_through_the_cut_is_an_optimal_coupling(case):
     """Lossless to 1e-12 and accepting the optimum to 1e-12, whatever closed form or LP part
     built it, for k = 1..3 with and without replacement (ties, zeros and p = q included)."""
-    from coupling.optimal import cut_plan
-
     p, q, k, rep = case
     assume(rep or np.count_nonzero(q) >= k)
     sets, mass, members = _set_law(q, k, rep)
@@ -168,20 +172,19 @@ def test_each_part_falls_back_to_an_lp_of_its_own(case, broken):
     """With the closed forms switched off, POT solves the part alone; the plan stays an
     optimal coupling (so the fallback is exercised on every kind of instance, not only on the
     rare laws where a closed form fails)."""
-    import coupling.optimal as O
-
+    P = plan_mod
     p, q, k, rep = case
     assume(rep or np.count_nonzero(q) >= k)
     sets, mass, members = _set_law(q, k, rep)
-    saved = O._split_by_capacity, O._shares, O._peel_pairs
+    saved = P._split_by_capacity, P._shares, P._peel_pairs
     try:
         if broken in ("A", "both"):
-            O._split_by_capacity = lambda *a: None
+            P._split_by_capacity = lambda *a: None
         if broken in ("B", "both"):
-            O._shares = O._peel_pairs = lambda *a: None
-        cp = O.cut_plan(p, q, k, rep, sets, mass)
+            P._shares = P._peel_pairs = lambda *a: None
+        cp = cut_plan(p, q, k, rep, sets, mass)
     finally:
-        O._split_by_capacity, O._shares, O._peel_pairs = saved
+        P._split_by_capacity, P._shares, P._peel_pairs = saved
     _assert_optimal_coupling(cp.dense(), members, mass, p, q, k, rep)
     if (cp.n_h >= 2).any() and broken != "B":
         assert "A by POT" in cp.status
@@ -192,8 +195,6 @@ def test_each_part_falls_back_to_an_lp_of_its_own(case, broken):
 def test_the_peel_serves_what_the_shares_cannot():
     """An instance where the shares overshoot a pair (two demanding tokens outside the cut) and
     the peel holds: the plan says which closed form built it, and it is optimal."""
-    from coupling.optimal import cut_plan, pair_sets, set_members
-
     rng = np.random.default_rng(3)
     seen = set()
     for _ in range(400):
@@ -212,14 +213,11 @@ def test_the_peel_serves_what_the_shares_cannot():
 def test_pair_sets_are_the_set_law_of_two_drafts(V, rep, seed):
     """pair_sets builds, without enumerating tuples, the sets and masses of the grouped tuple
     law, and pair_index finds each tuple's set."""
-    from coupling.optimal import pair_index, pair_sets, set_members
-    from coupling.solve import _group_by_set
-
     q = np.random.default_rng(seed).dirichlet(np.ones(V))
     assume(rep or V >= 2)
     sets, mass = pair_sets(q, rep)
     tuples, probs = tuple_law(q, 2, replacement=rep)
-    tuple_set, gmass, members = _group_by_set(tuples, probs, V)
+    tuple_set, gmass, members = group_by_set(tuples, probs, V)
     mine = set_members(sets, V)
     rows = pair_index(tuples[:, 0], tuples[:, 1], V, rep)
     assert (rows >= 0).all()
@@ -234,9 +232,6 @@ def test_a_cut_that_is_not_minimal_is_refused():
     """Feasible parts certify optimality (a flow meeting a cut's value is maximum), so a plan
     built through a cut that is not minimal cannot be completed: it raises, never returns a
     sub-optimal plan. The negative control of the construction."""
-    from coupling.optimal import CutPlan, pair_sets
-    from coupling.solve import SolverError
-
     p, q = np.array([0.5, 0.3, 0.2]), np.array([0.2, 0.2, 0.6])
     val, H = optimal_cut(p, q, 2)
     assert val == pytest.approx(0.84) and set(H.tolist()) == {0, 1}
@@ -245,3 +240,47 @@ def test_a_cut_that_is_not_minimal_is_refused():
         cp = CutPlan(p, q, 2, True, sets, mass, cut=np.array(wrong))
         with pytest.raises(SolverError, match="not minimal"):
             cp.dense()
+
+
+# ---------------------------------------------------------------- the rule
+@settings(max_examples=40, deadline=None)
+@given(pq=rule_pairs(), mode=st.sampled_from(MODES))
+def test_rule_acceptance_equals_the_lp(pq, mode):
+    p, q = pq
+    k, rep = mode
+    assume(rep or np.count_nonzero(q) >= k)
+    lp = solve_coupling(p, q, k, replacement=rep).acceptance
+    assert abs(OPTIMAL.acceptance(p, q, k, replacement=rep) - lp) < 1e-9
+
+
+def test_exact_rational_value():
+    # k = 2 i.i.d.: OPT = 1 - p(H^c) ... both prefixes: H = {1}: 1 - 2/3 + 1 - (2/3)^2 = 8/9
+    p = np.array([1 / 3, 2 / 3])
+    q = np.array([2 / 3, 1 / 3])
+    assert OPTIMAL.acceptance(p, q, 2) == pytest.approx(8 / 9, abs=1e-15)
+
+
+def test_refuses_a_draft_tuple_whose_probability_underflows():
+    p, q = np.array([0.5, 0.5]), np.array([1 - 1e-200, 1e-200])
+    with pytest.raises(ValueError, match="probability 0 as a tuple"):
+        OPTIMAL.sample(p, q, [1, 1], np.random.default_rng(0))
+    assert OPTIMAL.sample(p, q, [0, 1], np.random.default_rng(0)) in (0, 1)
+
+
+def test_verify_reads_the_plan_row_of_the_drafted_tuple():
+    """The deterministic core finds the drafted tuple's plan row: with a uniform at the row's
+    cumulative breakpoints it emits exactly that row's tokens, and a tuple the rule cannot
+    have drafted (a repeat without replacement) is refused by name."""
+    p, q = np.array([0.1, 0.4, 0.2, 0.3]), np.array([0.3, 0.1, 0.4, 0.2])
+    for replacement in (True, False):
+        P, tuples = opt.plan(p, q, 2, replacement)
+        for t, x in enumerate(tuples):
+            row = P[t] / P[t].sum()
+            if row.sum() == 0:
+                continue
+            edges = np.cumsum(row)
+            for y in np.flatnonzero(row > 1e-12):
+                u = (edges[y] - row[y] / 2) / edges[-1]      # the middle of y's interval
+                assert opt.verify(p, q, x, u, replacement=replacement) == y
+    with pytest.raises(ValueError, match="no draft tuple of this rule"):
+        opt.verify(p, q, np.array([2, 2]), 0.5, replacement=False)
