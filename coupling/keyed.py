@@ -20,8 +20,9 @@ OOPSLA 2014)::
 
 in wrapping uint64 arithmetic. Each stage is a bijection of its xor-ed input, so for a fixed
 prefix of the key distinct ``t`` (or ``c``, ``j``) give distinct hashes. The uniforms lie
-strictly inside (0, 1) on a grid of step ``2**-53``, so ``-log(u)`` and ``-log(-log(u))`` are
-always finite.
+strictly inside (0, 1) on a grid of step ``2**-53`` (in float64 the top cell's centre
+:math:`1 - 2^{-54}` rounds to 1, so :func:`to_unit` keeps it at :math:`1 - 2^{-53}`), so
+``-log(u)`` and ``-log(-log(u))`` are always finite.
 
 The hash is written once (:func:`mix`, :func:`hash_prefix`, :func:`to_unit`) over a two-entry
 array backend: numpy ``uint64`` (:data:`NUMPY`) and torch ``int64`` holding the same bit
@@ -147,8 +148,13 @@ def keyed_hash(seed, position, stream: int, counter, xp: Backend = NUMPY):
 
 
 def to_unit(h, xp: Backend = NUMPY):
-    """Float64 uniforms strictly inside (0, 1): the top 53 bits, centred in their cell."""
-    return (xp.unit(h) + 0.5) * 2.0**-53
+    """Float64 uniforms strictly inside (0, 1): the top 53 bits, centred in their cell.
+
+    The top cell's centre :math:`1 - 2^{-54}` is no float64 and rounds to 1 (one hash in
+    :math:`2^{53}`): it is moved to the largest float below 1, where ``-log(-log(u))`` is
+    finite."""
+    u = (xp.unit(h) + 0.5) * 2.0**-53
+    return u - (u >= 1.0) * 2.0**-53
 
 
 def uniforms(seed, position, stream: int, counter, xp: Backend = NUMPY):
