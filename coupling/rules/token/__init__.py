@@ -61,9 +61,9 @@ def verify(p: np.ndarray, q: np.ndarray, x: int, u_accept: float, u_resid: float
     """Deterministic core: one draft ``x``, explicit uniforms (validated laws)."""
     if u_accept * q[x] < p[x]:
         return int(x)
-    r, mass = residual(p, q)
-    if mass <= 0.0:  # p == q: rejection has probability 0; keep the draft
-        return int(x)
+    # (p - q)_+ has no mass only through rounding (with p == q no draft is rejected); the
+    # residual is then p itself, as in joint: never a token of zero target probability
+    r, _ = residual(p, q)
     return categorical(r, u_resid)
 
 
