@@ -35,6 +35,10 @@ def step(replacement: bool) -> StepFn:
         idx = torch.nonzero(multi).squeeze(1).tolist()
         P = p_i[idx].detach().to(torch.float64).cpu().numpy()
         Q = q_i[idx].detach().to(torch.float64).cpu().numpy()
+        # each row divided by its float64 sum, as the numpy core's rows are
+        # (coupling.sequence.models.check_tree): where several plans are optimal, laws one ulp
+        # apart may sample different ones
+        P, Q = P / P.sum(-1, keepdims=True), Q / Q.sum(-1, keepdims=True)
         X, A, U = x[idx].cpu().numpy(), alive[idx].cpu().numpy(), u[idx].cpu().numpy()
         for n, b in enumerate(idx):    # (verify renormalises the laws on their support)
             out = plan_verify(P[n], Q[n], X[n][A[n]], float(U[n]), replacement=replacement)
