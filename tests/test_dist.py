@@ -127,7 +127,8 @@ def test_entries_whose_exact_sum_overflows_are_a_value_error():
 
 
 def test_replacement_must_be_a_bool():
-    """A string such as "no" is truthy: it once ran the i.i.d. law without a word."""
+    """A string such as "no" is truthy: read as a flag it would run the i.i.d. law without a
+    word."""
     from coupling import optimal_acceptance, solve_coupling
     from coupling.rules import RULES
 

@@ -124,9 +124,9 @@ def test_invalid():
     ],
 )
 def test_two_distinct_drafts_with_a_subnormal_rest(p, q):
-    """k = 2 without replacement when 1 - q_b is subnormal for the likeliest draft b: the
-    hit probability's q_b / (1 - q_b) once overflowed, 0 * inf made the prefix NaN, and
-    optimal_acceptance and rrs's closed form both returned 0.0 (the LP: 1.0)."""
+    """k = 2 without replacement when 1 - q_b is subnormal for the likeliest draft b, where
+    q_b / (1 - q_b) overflows: optimal_acceptance and rrs's closed form still agree with the
+    LP (1.0 here) and with the joint's trace, not 0.0 from an inf * 0 in a prefix."""
     p, q = np.array(p), np.array(q)
     lp = solve_coupling(p, q, 2, replacement=False).acceptance
     assert optimal_acceptance(p, q, 2, replacement=False) == pytest.approx(lp, abs=1e-12)
