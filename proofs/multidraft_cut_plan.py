@@ -34,7 +34,6 @@ arithmetic; (c) checked numerically, with the negative control.
 
 from __future__ import annotations
 
-import importlib
 import itertools
 import sys
 from fractions import Fraction
@@ -94,10 +93,6 @@ def exhaustive_and_package(n: int = 300) -> bool:
     from coupling.draftsets import group_by_set, padded_sets
     from coupling.rules.optimal import CutPlan, cut_plan, optimal_cut
 
-    # the module whose closed forms are switched off below (the package's function ``plan``
-    # shadows it as an attribute of coupling.rules.optimal)
-    plan_module = importlib.import_module("coupling.rules.optimal.plan")
-
     rng = np.random.default_rng(7)
     done = refused = 0
     worst = 0.0
@@ -132,17 +127,9 @@ def exhaustive_and_package(n: int = 300) -> bool:
         tuples, probs = tuple_law(qf, k, replacement=rep)
         _, mass, members = group_by_set(tuples, probs, V)
         sets = padded_sets(members)
-        closed_forms = ("_split_by_capacity", "_shares", "_peel_pairs")
-        saved = {name: getattr(plan_module, name) for name in closed_forms}
         for closed in (True, False):
-            if not closed:
-                for name in closed_forms:
-                    setattr(plan_module, name, lambda *a: None)
-            try:
-                plan = cut_plan(pf, qf, k, rep, sets, mass).dense()
-            finally:
-                for name, fn in saved.items():
-                    setattr(plan_module, name, fn)
+            forms = ("A", "B") if closed else ()
+            plan = cut_plan(pf, qf, k, rep, sets, mass, closed_forms=forms).dense()
             err = max(np.abs(plan.sum(axis=1) - mass).max(), 0.5 * np.abs(plan.sum(0) - pf).sum(),
                       abs(plan[members].sum() - float(best)), -plan.min())
             if err > 1e-12:

@@ -236,10 +236,13 @@ class Rule:
                     rng: np.random.Generator, context: tuple, *, k: int = 1,
                     replacement: bool = True) -> list[int]:
         """Draft ``k`` branches from ``draft`` after ``context``, verify them against
-        ``target`` with uniforms from ``rng``; the emitted tokens."""
-        from ..sequence.models import draft_tree
+        ``target`` with uniforms from ``rng``; the emitted tokens (models are validated and
+        memoised here unless they already are)."""
+        from ..sequence.models import check_length, check_models, draft_tree
 
-        drafts, P, Q = draft_tree(target, draft, gamma, rng, context, k=k,
+        gamma, (k, replacement) = check_length(gamma), self.require(k, replacement)
+        target, draft, context = check_models(target, draft, context)
+        drafts, P, Q = draft_tree(target, draft, gamma, require_generator(rng), context, k=k,
                                   replacement=replacement)
         coins, u = rng.random((gamma, k)), rng.random(gamma + 1)
         n, j, y = self._verify_block(drafts, P, Q, coins, u, replacement)

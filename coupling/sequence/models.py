@@ -28,6 +28,7 @@ __all__ = [
     "TabularLM",
     "TraceLM",
     "ModelCache",
+    "as_model",
     "check_context",
     "check_models",
     "check_length",
@@ -257,13 +258,19 @@ class ModelCache:
         return v
 
 
+def as_model(lm: LanguageModel, name: str) -> ModelCache:
+    """``lm`` memoised and validated; a :class:`ModelCache` is returned as it is (its memo
+    kept)."""
+    return lm if isinstance(lm, ModelCache) else ModelCache(lm, name)
+
+
 def check_models(target: LanguageModel, draft: LanguageModel,
                  context: Sequence[int] = ()) -> tuple[ModelCache, ModelCache, tuple[int, ...]]:
     """``(target, draft, context)`` memoised and validated: the first laws are distributions
     over one vocabulary (``ValueError`` naming both sizes otherwise), and the context holds
     token ids of it. Every function of :mod:`coupling.sequence` that takes a model pair
     starts here."""
-    T, D = ModelCache(target, "target"), ModelCache(draft, "draft")
+    T, D = as_model(target, "target"), as_model(draft, "draft")
     ctx = check_context(context)
     p, q = T(ctx), D(ctx)
     if p.size != q.size:

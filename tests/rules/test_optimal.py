@@ -3,7 +3,6 @@ optimal coupling, and the sampler reads its rows."""
 
 from __future__ import annotations
 
-import importlib
 import itertools
 
 import numpy as np
@@ -17,9 +16,6 @@ from coupling.draftsets import group_by_set, padded_sets, pair_index, pair_sets,
 from coupling.rules import optimal as opt
 from coupling.rules.optimal import CutPlan, cut_plan, optimal_acceptance, optimal_cut, ratio_order
 from tests.strategies import rule_pairs
-
-# the module (the package's name ``plan`` is the function that reads a plan over tuples)
-plan_mod = importlib.import_module("coupling.rules.optimal.plan")
 
 OPTIMAL = RULES["optimal"]
 MODES = [(1, True), (2, True), (3, True), (2, False), (3, False)]
@@ -172,19 +168,11 @@ def test_each_part_falls_back_to_an_lp_of_its_own(case, broken):
     """With the closed forms switched off, POT solves the part alone; the plan stays an
     optimal coupling (so the fallback is exercised on every kind of instance, not only on the
     rare laws where a closed form fails)."""
-    P = plan_mod
     p, q, k, rep = case
     assume(rep or np.count_nonzero(q) >= k)
     sets, mass, members = _set_law(q, k, rep)
-    saved = P._split_by_capacity, P._shares, P._peel_pairs
-    try:
-        if broken in ("A", "both"):
-            P._split_by_capacity = lambda *a: None
-        if broken in ("B", "both"):
-            P._shares = P._peel_pairs = lambda *a: None
-        cp = cut_plan(p, q, k, rep, sets, mass)
-    finally:
-        P._split_by_capacity, P._shares, P._peel_pairs = saved
+    forms = {"A": ("B",), "B": ("A",), "both": ()}[broken]
+    cp = cut_plan(p, q, k, rep, sets, mass, closed_forms=forms)
     _assert_optimal_coupling(cp.dense(), members, mass, p, q, k, rep)
     if (cp.n_h >= 2).any() and broken != "B":
         assert "A by POT" in cp.status
@@ -273,7 +261,7 @@ def test_verify_reads_the_plan_row_of_the_drafted_tuple():
     have drafted (a repeat without replacement) is refused by name."""
     p, q = np.array([0.1, 0.4, 0.2, 0.3]), np.array([0.3, 0.1, 0.4, 0.2])
     for replacement in (True, False):
-        P, tuples = opt.plan(p, q, 2, replacement)
+        P, tuples = opt.tuple_plan(p, q, 2, replacement)
         for t, x in enumerate(tuples):
             row = P[t] / P[t].sum()
             if row.sum() == 0:

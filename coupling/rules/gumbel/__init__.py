@@ -67,6 +67,7 @@ import numpy as np
 
 from ...dist import validate_count, validate_seed
 from ..base import Rule
+from ..common import require_generator
 
 __all__ = ["match", "acceptance", "joint", "conditional_noise", "verify", "pair",
            "pair_from_noise", "position_gumbels", "verify_block", "tv_bounds", "Gumbel", "RULE",
@@ -290,9 +291,11 @@ class Gumbel(Rule):
     def sample_call(self, target: Callable, draft: Callable, gamma: int,
                     rng: np.random.Generator, context: tuple, *, k: int = 1,
                     replacement: bool = True) -> list[int]:
-        from ...sequence.models import gumbel_block
+        from ...sequence.models import check_length, check_models, gumbel_block
 
-        drafts, P, G = gumbel_block(target, draft, gamma, rng, context)
+        gamma, _ = check_length(gamma), self.require(k, replacement)
+        target, draft, context = check_models(target, draft, context)
+        drafts, P, G = gumbel_block(target, draft, gamma, require_generator(rng), context)
         n, _, y = verify_block(drafts[None], P[None], G, emit_draft=self.emits_draft)
         return [int(t) for t in drafts[:n]] + [int(y)]
 

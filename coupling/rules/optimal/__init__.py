@@ -47,7 +47,7 @@ from .cut import optimal_acceptance, optimal_cut, ratio_order
 from .plan import CutPlan, cut_plan
 
 __all__ = ["optimal_acceptance", "optimal_cut", "ratio_order", "CutPlan", "cut_plan",
-           "set_plan", "plan", "verify", "clear_plan_cache", "Optimal", "RULE",
+           "set_plan", "tuple_plan", "verify", "clear_plan_cache", "Optimal", "RULE",
            "MAX_PLAN_ENTRIES"]
 
 #: Largest ``T * V`` (draft tuples times vocabulary) for which the LP plan is built.
@@ -94,7 +94,8 @@ def set_plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> SetPlan
     return _cache[key]
 
 
-def plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> tuple[np.ndarray, np.ndarray]:
+def tuple_plan(p: np.ndarray, q: np.ndarray, k: int,
+               replacement: bool) -> tuple[np.ndarray, np.ndarray]:
     """The rule's optimal plan over draft tuples, ``(plan [T, V], tuples [T, k])`` in
     :func:`coupling.dist.tuple_law` order: each tuple gets its set's row of :func:`set_plan`,
     scaled to the tuple's probability (so the sampler and this joint agree by construction)."""
@@ -156,7 +157,7 @@ class Optimal(Rule):
         return optimal_acceptance(p, q, k, replacement=replacement)
 
     def _joint(self, p, q, k, replacement):
-        return token_joint(p, q) if k == 1 else plan(p, q, k, replacement)[0]
+        return token_joint(p, q) if k == 1 else tuple_plan(p, q, k, replacement)[0]
 
     def _verify(self, p, q, drafts, u, replacement):
         if drafts.size == 1:   # speculative sampling is optimal for one draft

@@ -140,11 +140,15 @@ class CutPlan:
     row, normalised. A set with exactly one token in ``H`` sends it everything; the parts (A)
     and (B) are solved on first use, each by its closed form when that passes its check, else
     by POT on the part alone, so a sampler reading one row solves only what that row needs.
+    ``closed_forms``: the parts allowed their closed forms (``()`` solves both by POT, which
+    the tests and proofs use to exercise the fallbacks on every kind of instance).
     """
 
     def __init__(self, p: np.ndarray, q: np.ndarray, k: int, replacement: bool,
-                 sets: np.ndarray, mass: np.ndarray, *, cut: np.ndarray | None = None):
+                 sets: np.ndarray, mass: np.ndarray, *, cut: np.ndarray | None = None,
+                 closed_forms: tuple[str, ...] = ("A", "B")):
         self.p, self.sets, self.mass = p, sets, mass
+        self.closed_forms = frozenset(closed_forms)
         self.cut = scan(p, q, k, replacement)[1] if cut is None else cut
         self.in_h = np.zeros(p.size, dtype=bool)
         self.in_h[self.cut] = True
@@ -168,7 +172,8 @@ class CutPlan:
         _require_minimal(cap.min(initial=0.0), "the sets forced to a token of H overfill it")
         cap = np.clip(cap, 0.0, None)
         multi = rows[~forced]
-        split = _split_by_capacity(sets[multi], mass[multi], on_h[multi], cap)
+        split = _split_by_capacity(sets[multi], mass[multi], on_h[multi], cap) \
+            if "A" in self.closed_forms else None
         self.how["A"] = "split by capacity"
         if split is None:
             slack = cap.sum() - mass[multi].sum()
@@ -190,9 +195,10 @@ class CutPlan:
         sets, mass, p, in_h = self.sets, self.mass, self.p, self.in_h
         rows = np.flatnonzero(self.n_h == 0)
         need = np.where(in_h, 0.0, p)
-        flow = _shares(sets[rows], mass[rows], need)
+        closed = "B" in self.closed_forms
+        flow = _shares(sets[rows], mass[rows], need) if closed else None
         self.how["B"] = "shares"
-        if flow is None and sets.shape[1] == 2:
+        if flow is None and closed and sets.shape[1] == 2:
             flow = _peel_pairs(sets[rows], mass[rows], need)
             self.how["B"] = "peeled"
         if flow is None:
@@ -238,10 +244,10 @@ class CutPlan:
 
 def cut_plan(
     p: np.ndarray, q: np.ndarray, k: int, replacement: bool, sets: np.ndarray, mass: np.ndarray,
-    *, cut: np.ndarray | None = None,
+    *, cut: np.ndarray | None = None, closed_forms: tuple[str, ...] = ("A", "B"),
 ) -> CutPlan:
     """:class:`CutPlan` with both parts solved (``coupling.solve_coupling(solver="cut")``)."""
-    plan = CutPlan(p, q, k, replacement, sets, mass, cut=cut)
+    plan = CutPlan(p, q, k, replacement, sets, mass, cut=cut, closed_forms=closed_forms)
     plan.part_a, plan.part_b  # noqa: B018 - solve both now
     return plan
 
