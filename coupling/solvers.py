@@ -91,10 +91,11 @@ def check_solver(solver: str, allowed: tuple[str, ...] = SOLVERS) -> str:
 
 
 def rebalance(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Two non-negative marginals scaled to sum to exactly the same float (1 up to an ulp).
+    """Two non-negative marginals scaled to sum to 1 and to each other within one ulp.
 
-    The rounding difference is moved onto the largest entry of ``b``, where it is relatively
-    smallest.
+    The rounding difference of the sums is moved onto the largest entry of ``b``, where it is
+    relatively smallest (the sum is then recomputed by the solver in its own order, so one ulp
+    may remain).
     """
     a = np.clip(a, 0.0, None)
     b = np.clip(b, 0.0, None)

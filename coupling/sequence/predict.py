@@ -11,16 +11,17 @@ A call records, along every branch, the target laws :math:`p_1..p_{g+1}` and dra
   ``gumbel``: the exact collision probability; ``kseq``, ``rrs``, ``optimal``: their
   acceptance with :math:`k_i` drafts;
 * ``block`` has no position-wise acceptance; its prediction is Sun et al.'s identity
-  :math:`P(\tau \ge i \mid X^i) = w_i`: :math:`1 + \sum_i w_i`, the exact conditional
-  expectation given the drafts (its average over calls is unbiased).
+  :math:`P(\tau \ge i \mid X^i) = w_i`: :math:`1 + \sum_i w_i`, an unbiased estimate of the
+  call's tokens (it conditions each term on the prefix only, so its average over calls is the
+  block efficiency).
 
 :func:`optimal_tokens` is the same composition for the LP-optimal verifier of the rule's own
 information model (its ``k`` branches' draft law), on the same laws: what a better verifier
-could have gained. :func:`conditional_tokens` is the exact expected tokens given the drafted
-path for the chain rules (``token``: :math:`1 + \sum_j \prod_{i \le j} \min(1, r_i)`;
-``block``: :math:`1 + \sum_i w_i`, which is never smaller term by term), so two runs can be
-compared on identical drafts. The gap between a composed prediction and the conditional
-expectation measures how far position-wise composition is off on real text.
+could have gained. :func:`conditional_tokens` is the exact expected tokens given the whole
+drafted path for the chain rules (``token``: :math:`1 + \sum_j \prod_{i \le j}
+\min(1, r_i)`; ``block``: from its exact path law, :func:`coupling.sequence.path_law`), so two
+runs can be compared on identical drafts. The gap between a composed prediction and the
+conditional expectation measures how far position-wise composition is off on real text.
 
 Closed forms run in float64 on the union of the supports of :math:`p_i` and :math:`q_i`.
 """
@@ -82,14 +83,13 @@ def optimal_tokens(drafts, p, q, branch: int, *, replacement: bool = True) -> fl
 
 def conditional_tokens(rule: str | Rule, drafts, p, q, branch: int) -> float:
     """Exact expected tokens of a chain rule (``token`` or ``block``) given the chosen
-    branch's drafted path (module doc)."""
+    branch's whole drafted path (module doc)."""
     r = get_rule(rule)
-    d, P, Q, b = check_record(drafts, p, q, branch)
-    g = d.shape[1]
-    ratio = P[b, np.arange(g), d[b]].astype(np.float64) / Q[b, np.arange(g), d[b]]
-    if r.name == "block":
-        return r.expected_tokens(r.predict(d, P, Q, b))
-    if r.name != "token":
+    if r.name not in ("token", "block"):
         raise ValueError(f"conditional_tokens is defined for the chain rules token and block, "
                          f"not {r.name!r}")
-    return r.expected_tokens(np.minimum(ratio, 1.0).tolist())
+    d, P, Q, b = check_record(drafts, p, q, branch)
+    x = d[b]
+    P64, Q64 = np.asarray(P[b], dtype=np.float64), np.asarray(Q[b], dtype=np.float64)
+    tau, _ = r.path_law(x, P64 / P64.sum(-1, keepdims=True), Q64 / Q64.sum(-1, keepdims=True))
+    return 1.0 + float(np.arange(tau.size) @ tau)

@@ -27,10 +27,13 @@ draw :math:`\eta_1, \dots, \eta_\gamma \sim U[0, 1)` and set
 the undefined residual is never used.)
 
 Key identity (checked exactly in the tests): :math:`P(\tau \ge i \mid X^i) = w_i(X^i)`, and
-:math:`w_i = \min_{0 \le j \le i} \prod_{k=j+1}^{i} p_k(X_k)/q_k(X_k)`. So the expected tokens
-of a call given its drafts are :math:`1 + \sum_i w_i` (:meth:`Block.predict`), and
-:math:`w_i \ge \prod_{j \le i} \min(1, p_j/q_j)` term by term: block never accepts less
-than token verification on the same drafts.
+:math:`w_i = \min_{0 \le j \le i} \prod_{k=j+1}^{i} p_k(X_k)/q_k(X_k)`. It conditions on the
+prefix :math:`X^i` only (the stop also reads the later drafts), so :math:`1 + \sum_i w_i`
+(:meth:`Block.predict`) is an unbiased per-call estimate of the tokens a call emits, not their
+expectation given the whole block (:func:`path_law` has that); and
+:math:`w_i \ge \prod_{j \le i} \min(1, p_j/q_j)` term by term, token verification's
+:math:`P(\tau \ge i \mid X^i)`: block never accepts less than token verification in
+expectation.
 
 Numerical note: in float64, :math:`h_i = r_i / (r_i + 1 - w_i)` is ill-conditioned when both
 :math:`r_i` and :math:`1 - w_i` are at rounding level (target and draft laws equal up to
@@ -194,7 +197,8 @@ class Block(Rule):
 
     def predict(self, drafts, p, q, branch, *, replacement=True) -> list[float]:
         """The weights :math:`w_1..w_\\gamma` of the chosen branch: with
-        :meth:`expected_tokens`, the exact expected tokens of the call given its drafts."""
+        :meth:`expected_tokens`, an unbiased estimate of the tokens the call emits
+        (:math:`P(\\tau \\ge i \\mid X^i) = w_i`)."""
         x = np.asarray(drafts[branch], dtype=np.int64)
         g = x.size
         P = np.asarray(p[branch], dtype=np.float64)

@@ -20,11 +20,14 @@ Fix :math:`\rho \ge 1` (below) and let :math:`a(x) = \min(1, p(x) / (\rho\, q(x)
 Why it is lossless: a draft is accepted at step ``i`` with token law
 :math:`(1-\beta)^{i-1} \min(q, p/\rho)`; summing over ``i`` gives
 :math:`c \min(q, p/\rho)`, and the residual supplies the rest of ``p`` with the remaining
-mass :math:`(1-\beta)^k`. The residual is a distribution iff :math:`c \le \rho`
-(tokens with :math:`p/q < \rho` need :math:`p \ge c\,p/\rho`; the others then satisfy
-:math:`p \ge \rho q \ge c q`), i.e. iff
+mass :math:`(1-\beta)^k`. Where some token of ``p``-mass has :math:`p/q < \rho`, the residual
+is a distribution iff :math:`c \le \rho` (those tokens need :math:`p \ge c\,p/\rho`; the others
+then satisfy :math:`p \ge \rho q \ge c q`), i.e. iff
 
-.. math:: g(\rho) = \rho\beta(\rho) - \big(1 - (1-\beta(\rho))^k\big) \ge 0 .
+.. math:: g(\rho) = \rho\beta(\rho) - \big(1 - (1-\beta(\rho))^k\big) \ge 0 ;
+
+where none has, it needs only :math:`c \le \min_{p > 0} p/q` (:mod:`.rho` explains how this
+decides ``rho = 1``).
 
 Choice of rho: the best valid choice is the smallest root :math:`\rho^\star \in [1, k]` of
 ``g``, found by :func:`coupling.rules.kseq.rho.optimal_rho` (exact up to rounding; its module
