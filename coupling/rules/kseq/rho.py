@@ -82,8 +82,10 @@ def geometric_c(beta, k: int):
 
 
 def validity_margin(p: np.ndarray, q: np.ndarray, k: int, rho: float) -> float:
-    """Validity margin ``rho - c(beta(rho))``: the residual is a distribution iff ``>= 0``
-    (same sign as ``g = rho beta - (1 - (1-beta)^k)`` when beta > 0, but O(1)-scaled)."""
+    """Validity margin ``rho - c(beta(rho))``, the sign of ``g = rho beta - (1 - (1-beta)^k)``
+    when beta > 0 but O(1)-scaled: where some token of p-mass has ``p/q < rho``, the residual
+    is a distribution iff it is ``>= 0`` (otherwise the condition is ``c <= min p/q``, module
+    doc)."""
     return float(rho - geometric_c(beta(p, q, rho), k))
 
 

@@ -123,9 +123,10 @@ def verify(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, u: float, *,
     # of the supports only. Exact, and what makes the rule usable on a 49152-token
     # vocabulary after top-k / top-p truncation.
     support = np.flatnonzero((p > 0) | (q > 0))
-    # renormalised here, so every caller (float32 laws included) hands the plan the very same
-    # floats for the same law: a part solved by LP may pick another optimal vertex for laws
-    # one ulp apart
+    # renormalised on the support, so float32 laws give the plan distributions. Where several
+    # plans are optimal, laws one ulp apart (the same law normalised in another summation
+    # order) may select different ones: every one is lossless and optimal, but the output law
+    # given the drafts is the selected plan's
     ps, qs = p[support], q[support]
     sp = set_plan(ps / ps.sum(), qs / qs.sum(), drafts.size, replacement)
     local = np.searchsorted(support, drafts)
