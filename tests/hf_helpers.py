@@ -55,36 +55,36 @@ def left_pad(prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @torch.no_grad()
-def two_token_law(model, prompt: list[int], **sampling) -> np.ndarray:
+def two_token_law(model, prompt: list[int], **sampling) -> dict[tuple[int, int], float]:
     """Plain ``generate(do_sample=True)``'s exact law of the first two tokens after ``prompt``,
-    ``law[y1, y2]``: the softmax of the processed scores ``generate`` itself returns, after the
-    prompt and after the prompt followed by each ``y1``."""
-    V = model.config.vocab_size
+    ``{(y1, y2): probability}`` over the pairs of positive probability: the softmax of the
+    processed scores ``generate`` itself returns, after the prompt and after the prompt
+    followed by each ``y1``."""
     kw = dict(max_new_tokens=1, return_dict_in_generate=True, output_scores=True, do_sample=True,
               **sampling)
     ids = torch.tensor([prompt])
     p1 = torch.softmax(model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
                        .scores[0][0].double(), -1)
-    ids2 = torch.cat([ids.repeat(V, 1), torch.arange(V).unsqueeze(1)], 1)
+    first = torch.nonzero(p1 > 0).squeeze(1)
+    ids2 = torch.cat([ids.repeat(first.numel(), 1), first.unsqueeze(1)], 1)
     p2 = torch.softmax(model.generate(ids2, attention_mask=torch.ones_like(ids2), **kw)
                        .scores[0].double(), -1)
-    return (p1.unsqueeze(1) * p2).numpy()
+    joint = p1[first].unsqueeze(1) * p2
+    return {(int(first[i]), int(y2)): float(joint[i, y2])
+            for i, y2 in torch.nonzero(joint > 0).tolist()}
 
 
-def pair_counts(generated: torch.Tensor, vocab: int) -> np.ndarray:
-    """Counts of the first two generated tokens, ``[V, V]``."""
-    y = generated[:, :2].numpy()
-    counts = np.zeros((vocab, vocab))
-    np.add.at(counts, (y[:, 0], y[:, 1]), 1)
-    return counts
-
-
-def fit_pvalue(counts: np.ndarray, law: np.ndarray) -> float:
-    """Chi-square goodness of fit of ``counts`` to ``law`` (cells of expected count < 5 pooled).
-    Cells of probability 0 must be empty: any count there returns 0."""
-    c, e = counts.reshape(-1), law.reshape(-1) * counts.sum()
-    if c[law.reshape(-1) == 0].sum() > 0:
+def fit_pvalue(generated: torch.Tensor, law: dict[tuple[int, int], float]) -> float:
+    """Chi-square goodness of fit of the first two generated tokens of every row to ``law``
+    (cells of expected count < 5 pooled). A pair of probability 0 must never be generated:
+    one returns 0."""
+    pairs = [tuple(r) for r in generated[:, :2].tolist()]
+    if any(pr not in law for pr in pairs):
         return 0.0
+    cells = sorted(law)
+    index = {pr: i for i, pr in enumerate(cells)}
+    c = np.bincount([index[pr] for pr in pairs], minlength=len(cells)).astype(float)
+    e = np.array([law[pr] for pr in cells]) * len(pairs)
     big = e >= 5
     co, eo = list(c[big]), list(e[big])
     if e[~big].sum() > 0:

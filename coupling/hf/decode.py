@@ -126,9 +126,11 @@ def _check_call(model, draft, input_ids, config, model_kwargs, streamer,
     if mask is None:
         return torch.ones_like(input_ids)
     mask = mask.to(torch.long)
-    if bool((mask[:, 1:] < mask[:, :-1]).any()) or bool((mask[:, -1] == 0).any()):
-        raise ValueError("the attention mask must be left padding (zeros, then ones, in every "
-                         "row): tokenize with padding_side='left'")
+    # masked columns are holes, as left padding is (plain generate masks them alike); the last
+    # token of a row starts its first step, so it must be a token of the row
+    if bool((mask[:, -1] == 0).any()):
+        raise ValueError("the last prompt token of a row is masked (right padding): tokenize "
+                         "with padding_side='left'")
     return mask
 
 

@@ -63,11 +63,10 @@ def check_options(rule: str, num_drafts: int, gamma: int, replacement: bool,
     # the backend's own limits on the draft tree (MAX_DRAFTS), checked before any model call
     check_inputs(torch.zeros(1, k, g, dtype=torch.int64), torch.ones(1, k, g + 1, 1),
                  torch.ones(1, k, g, 1), 0, 0, validate=False, rule=rule)
-    if not do_sample and (rule not in GREEDY_RULES or k > 1):
+    if not do_sample and rule not in GREEDY_RULES:
         raise ValueError(
-            f"rule={rule!r} with num_drafts={k} couples sampled drafts, but do_sample=False asks "
-            f"for greedy decoding; pass do_sample=True, or rule='token' / 'block' with "
-            "num_drafts=1 for greedy verification")
+            f"rule={rule!r} couples sampled drafts, but do_sample=False asks for greedy "
+            "decoding; pass do_sample=True, or rule='token' / 'block' for greedy verification")
     return Options(rule, k, g, replacement, bool(do_sample))
 
 
