@@ -211,6 +211,16 @@ def test_rows_stop_at_the_first_stop_token_mid_block(models, how):
     assert stopped >= 1
 
 
+def test_one_token_prompts(models):
+    """A row whose prompt is one real token (nothing to prefill), alone and in a batch."""
+    target, draft = models
+    kw = dict(max_new_tokens=6, rule="block", gamma=2, **SAMPLING)
+    alone = speculative(target, draft, [[5]], seed=[1], **kw)
+    batch = speculative(target, draft, [[5], [6, 7, 8]], seed=[1, 2], **kw)
+    assert alone.shape == (1, 7)
+    assert generated(batch, [[5], [6, 7, 8]])[0] == alone[0, 1:].tolist()
+
+
 def test_max_new_tokens_is_exact(models):
     target, draft = models
     for n in (1, 2, 7):

@@ -224,8 +224,9 @@ class _Run:
         keep_scores = self.config.output_scores or self.config.output_logits
         for a, (row, m) in enumerate(zip(self.rows.tolist(), kept.tolist(), strict=True)):
             self.out[row].extend(tokens[a, :m].tolist())
-            if keep_scores:
-                self.kept_scores[row].extend(zip(scores[a, :m], raw[a, :m], strict=True))
+            if keep_scores:  # copies: a view would keep the step's rejected positions alive
+                self.kept_scores[row].extend(zip(scores[a, :m].clone(), raw[a, :m].clone(),
+                                                 strict=True))
         if self.streamer is not None:
             self.streamer.put(tokens[0, : int(kept[0])].cpu())
         self.cur = self.cur + count
