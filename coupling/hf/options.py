@@ -1,0 +1,97 @@
+"""The validated parameters of one :func:`coupling.hf.generate` call: rule, draft tree, seeds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..dist import validate_count, validate_replacement
+from ..rules import RULES
+from ..torch_backend import VERIFIERS, check_inputs
+from ..torch_backend.rng import keyed_hash
+
+__all__ = ["Options", "check_options", "row_seeds", "GREEDY_RULES", "SEED_STREAM"]
+
+#: rules that remain meaningful when ``do_sample=False``: with one draft branch and point-mass
+#: laws (the argmax of the processed logits) they accept a draft iff it is the target's argmax,
+#: which is greedy decoding token for token. The multi-draft rules and ``gumbel`` couple
+#: *sampled* drafts: under greedy laws their branches are copies of one draft.
+GREEDY_RULES = ("token", "block")
+
+#: the stream id under which an integer seed is turned into one seed per row (a stream the
+#: verifiers and drafters never use, so a row seed is no uniform of the run)
+SEED_STREAM = 1 << 20
+
+
+@dataclass(frozen=True)
+class Options:
+    """``rule`` verifies ``num_drafts`` branches of ``gamma`` drafted tokens each; branches are
+    i.i.d. (``replacement=True``) or have distinct first tokens; ``do_sample=False`` verifies
+    greedy laws."""
+
+    rule: str
+    num_drafts: int
+    gamma: int
+    replacement: bool
+    do_sample: bool
+
+
+def _support_text(rule: str, k: int, replacement: bool) -> str | None:
+    """Why ``rule`` cannot verify ``k`` branches (``None`` when it can)."""
+    spec = RULES.get(rule)
+    if spec is not None:
+        return None if spec.supports(k, replacement) else spec.support_text
+    # block verification is not in RULES yet (its home is coupling.block): one branch
+    return None if k == 1 else "block verification takes one draft branch (num_drafts = 1)"
+
+
+def check_options(rule: str, num_drafts: int, gamma: int, replacement: bool,
+                  do_sample: bool) -> Options:
+    """Validate the method's parameters (``ValueError`` naming the argument and the fix)."""
+    if not isinstance(rule, str) or rule not in VERIFIERS:
+        raise ValueError(f"rule={rule!r} is not a verification rule; choose one of "
+                         f"{sorted(VERIFIERS)}")
+    k = validate_count(num_drafts, "num_drafts", "(draft branches per step)")
+    g = validate_count(gamma, "gamma", "(drafted tokens per branch and step)")
+    replacement = validate_replacement(replacement)
+    why = _support_text(rule, k, replacement)
+    if why is not None:
+        raise ValueError(f"rule={rule!r} cannot verify num_drafts={k} with "
+                         f"replacement={replacement}: {why}")
+    # the backend's own limits on the draft tree (MAX_DRAFTS), checked before any model call
+    check_inputs(torch.zeros(1, k, g, dtype=torch.int64), torch.ones(1, k, g + 1, 1),
+                 torch.ones(1, k, g, 1), 0, 0, validate=False, rule=rule)
+    if not do_sample and rule not in GREEDY_RULES:
+        raise ValueError(
+            f"rule={rule!r} couples sampled drafts, but do_sample=False asks for greedy "
+            "decoding; pass do_sample=True, or rule='token' / 'block' for greedy verification")
+    return Options(rule, k, g, replacement, bool(do_sample))
+
+
+def row_seeds(seed: int | Sequence[int] | torch.Tensor | None, batch_size: int) -> torch.Tensor:
+    """One int64 seed per row: every random choice of row ``b`` is keyed by ``seeds[b]``.
+
+    ``seed`` is ``None`` (seeds drawn from torch's global generator, so ``torch.manual_seed``
+    reproduces a run as it does plain sampling), an int (row ``b`` gets the hash of
+    ``(seed, b)``: rows are independent, and a row's result does not depend on the rows after
+    it), or one non-negative int per row (row ``b`` of a batch then generates exactly what
+    a batch of that row alone generates with ``seed=[seeds[b]]``).
+    """
+    if seed is None:
+        return torch.randint(0, 2**62, (batch_size,), dtype=torch.int64)
+    if isinstance(seed, bool):
+        raise ValueError(f"seed must be an int, one int per row, or None; got {seed!r}")
+    if isinstance(seed, int):
+        if not 0 <= seed < 2**63:
+            raise ValueError(f"seed={seed} must lie in [0, 2**63)")
+        rows = torch.arange(batch_size, dtype=torch.int64)
+        return keyed_hash(torch.tensor(seed), rows, SEED_STREAM, 0).bitwise_and(2**63 - 1)
+    t = torch.as_tensor(seed)
+    if t.dtype.is_floating_point or t.dtype == torch.bool or t.shape != (batch_size,):
+        raise ValueError(f"seed must be an int, one int per row (shape [{batch_size}]), or None; "
+                         f"got {seed!r}")
+    if bool((t < 0).any()):
+        raise ValueError("seeds must be non-negative")
+    return t.to(torch.int64).cpu()

@@ -1,0 +1,22 @@
+"""Speculative sampling verified by a rule of ``coupling``, as a Hub ``custom_generate`` method.
+
+Publish this folder in a model repository and call::
+
+    out = target.generate(input_ids, custom_generate="<repo>", trust_remote_code=True,
+                          assistant_model=draft, do_sample=True, max_new_tokens=128,
+                          rule="block", num_drafts=1, gamma=4, seed=0)
+
+It runs :func:`coupling.hf.generate` (the same code as
+``generate(custom_generate=coupling.hf.generate)``): ``rule`` is one of ``token``, ``block``,
+``kseq``, ``rrs``, ``optimal``, ``gumbel``; every row's output has the law of plain
+``generate(do_sample=True)`` with the same arguments.
+"""
+
+from transformers import GenerationMixin
+
+from coupling.hf import generate as coupling_generate
+
+
+def generate(model, *args, **kwargs):
+    """``generate``'s own preparation, then the decoding loop of ``coupling.hf.generate``."""
+    return GenerationMixin.generate(model, *args, custom_generate=coupling_generate, **kwargs)
