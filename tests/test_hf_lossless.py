@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import coupling.hf.drafting as drafting
+from coupling import RULES
 from tests.hf_helpers import (  # noqa: F401 (one_thread: an autouse fixture)
     fit_pvalue,
     one_thread,
@@ -69,17 +70,22 @@ def test_plain_sampling_fits_the_exact_law(models):
     assert fit_pvalue(out[:, len(PROMPT):], law) > ALPHA
 
 
-@pytest.mark.parametrize("method", [
-    dict(rule="token", gamma=2),
-    dict(rule="block", gamma=2),
-    dict(rule="block", gamma=1),
-    dict(rule="kseq", num_drafts=2, gamma=2),
-    dict(rule="rrs", num_drafts=3, gamma=2),
-    dict(rule="rrs", num_drafts=2, gamma=1, replacement=False),
-    dict(rule="optimal", num_drafts=2, gamma=1),
-    dict(rule="optimal", num_drafts=2, gamma=1, replacement=False),
-    dict(rule="gumbel", gamma=2),
-], ids=lambda m: "-".join(f"{v}" for v in m.values()))
+def _methods() -> list[dict]:
+    """Every lossless rule of the registry with one branch, and with several where it takes
+    them (i.i.d. and distinct first tokens): a rule added to RULES is covered here."""
+    out = []
+    for name, rule in RULES.items():
+        if not rule.lossless:
+            continue
+        out.append(dict(rule=name, gamma=2))
+        for k, replacement, gamma in ((3, True, 2), (2, False, 1)):
+            if rule.supports(k, replacement):
+                out.append(dict(rule=name, num_drafts=k, gamma=gamma, replacement=replacement))
+    return out + [dict(rule="block", gamma=1)]
+
+
+@pytest.mark.parametrize("method", _methods(),
+                         ids=lambda m: "-".join(f"{v}" for v in m.values()))
 def test_rule_output_has_plain_sampling_law(models, method):
     target, draft, law = models
     assert fit_pvalue(sample_pairs(target, draft, **method), law) > ALPHA

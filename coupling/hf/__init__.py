@@ -28,7 +28,7 @@ decoding, token for token.
 Batches. Rows accept different numbers of tokens per step: the caches hold them as a padded
 ``DynamicCache`` whose rejected columns are masked like left padding (:mod:`.ragged`); rows
 that stop leave the batch. Every random choice of a row is keyed by ``(seed of the row,
-absolute position)`` (:mod:`coupling.torch_backend.rng`), so a row's output does not depend on
+absolute position)`` (:mod:`coupling.keyed`), so a row's output does not depend on
 the other rows of its batch (:func:`row_seeds`). With ``return_dict_in_generate=True`` the
 output is a :class:`SpeculativeDecoderOnlyOutput` with per-row acceptance statistics.
 """

@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 from transformers.generation.utils import GenerationMixin
 
-from ..torch_backend import VERIFIERS, verify
+from ..torch_backend import verify
 from .drafting import Tree, draft_tree
 from .options import Options, check_options, row_seeds
 from .output import SpeculativeDecoderOnlyOutput, Stats
@@ -38,7 +38,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
 
     Parameters
     ----------
-    rule : one of ``coupling.torch_backend.VERIFIERS`` (``token``, ``block``, ``kseq``, ``rrs``,
+    rule : a lossless rule of ``coupling.RULES`` (``token``, ``block``, ``kseq``, ``rrs``,
         ``optimal``, ``gumbel``).
     num_drafts : draft branches per step (``k``); multi-draft rules only.
     gamma : tokens drafted per branch and step.
@@ -151,9 +151,7 @@ class _Run:
         self.laws, self.criteria, self.config, self.opts = laws, criteria, config, opts
         self.seeds, self.streamer = seeds.to(dev), streamer
         self.limit = config.max_length
-        # token and block verify one branch and take no `replacement`
-        takes = "replacement" in inspect.signature(VERIFIERS[opts.rule]).parameters
-        self.rule_kwargs = {"replacement": opts.replacement} if takes else {}
+        self.rule_kwargs = {"replacement": opts.replacement}
         self.seq = torch.zeros(B, max(self.limit, P + 1) + g + 1, dtype=torch.long, device=dev)
         self.seq[:, :P] = input_ids
         self.cur = torch.full((B,), P, dtype=torch.long, device=dev)

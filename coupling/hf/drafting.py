@@ -6,7 +6,7 @@ verifier's ``positions``): branch ``j``'s token at offset ``i`` is drawn by inve
 ``U(seed, t, STREAM_DRAFT, i * k + j)``. Start positions strictly increase along a row, so no
 draw is reused by a later step, whose verification could otherwise see a draft correlated with
 an earlier decision. ``gumbel`` drafts with the keyed Gumbel noise of the token's own position
-instead, the very noise its verifier uses (:func:`coupling.torch_backend.gumbel_draft`).
+instead, the very noise its verifier uses (:func:`coupling.rules.gumbel.torch.draft`).
 
 Branches are i.i.d. (``replacement=True``), or their first tokens are ``k`` successive draws
 without replacement from the shared first law (``replacement=False``); each branch then
@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..torch_backend import gumbel_draft, sample_rows, uniforms
-from ..torch_backend.rng import STREAM_DRAFT
+from ..keyed import STREAM_DRAFT
+from ..rules.gumbel.torch import draft as gumbel_draft
+from ..torch_backend import sample_rows, uniforms
 from .options import Options
 from .processors import Laws
 from .ragged import RaggedCache

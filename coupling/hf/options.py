@@ -7,10 +7,10 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import keyed
 from ..dist import validate_count, validate_replacement
 from ..rules import RULES
-from ..torch_backend import VERIFIERS, check_inputs
-from ..torch_backend.rng import keyed_hash
+from ..torch_backend import check_inputs
 
 __all__ = ["Options", "check_options", "row_seeds", "GREEDY_RULES", "SEED_STREAM"]
 
@@ -40,19 +40,16 @@ class Options:
 
 def _support_text(rule: str, k: int, replacement: bool) -> str | None:
     """Why ``rule`` cannot verify ``k`` branches (``None`` when it can)."""
-    spec = RULES.get(rule)
-    if spec is not None:
-        return None if spec.supports(k, replacement) else spec.support_text
-    # block verification is not in RULES yet (its home is coupling.block): one branch
-    return None if k == 1 else "block verification takes one draft branch (num_drafts = 1)"
+    spec = RULES[rule]
+    return None if spec.supports(k, replacement) else spec.support_text
 
 
 def check_options(rule: str, num_drafts: int, gamma: int, replacement: bool,
                   do_sample: bool) -> Options:
     """Validate the method's parameters (``ValueError`` naming the argument and the fix)."""
-    if not isinstance(rule, str) or rule not in VERIFIERS:
-        raise ValueError(f"rule={rule!r} is not a verification rule; choose one of "
-                         f"{sorted(VERIFIERS)}")
+    if not isinstance(rule, str) or rule not in RULES or not RULES[rule].lossless:
+        raise ValueError(f"rule={rule!r} is not a lossless verification rule; choose one of "
+                         f"{sorted(n for n, r in RULES.items() if r.lossless)}")
     k = validate_count(num_drafts, "num_drafts", "(draft branches per step)")
     g = validate_count(gamma, "gamma", "(drafted tokens per branch and step)")
     replacement = validate_replacement(replacement)
@@ -87,7 +84,8 @@ def row_seeds(seed: int | Sequence[int] | torch.Tensor | None, batch_size: int) 
         if not 0 <= seed < 2**63:
             raise ValueError(f"seed={seed} must lie in [0, 2**63)")
         rows = torch.arange(batch_size, dtype=torch.int64)
-        return keyed_hash(torch.tensor(seed), rows, SEED_STREAM, 0).bitwise_and(2**63 - 1)
+        h = keyed.keyed_hash(torch.tensor(seed), rows, SEED_STREAM, 0, keyed.torch_backend())
+        return h.bitwise_and(2**63 - 1)
     t = torch.as_tensor(seed)
     if t.dtype.is_floating_point or t.dtype == torch.bool or t.shape != (batch_size,):
         raise ValueError(f"seed must be an int, one int per row (shape [{batch_size}]), or None; "
