@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from .conformance.cli import add_parser as add_conformance_parser
 from .dist import check_pair, tv
 from .solve import COUPLING_SOLVERS, solve_coupling
 
@@ -213,6 +214,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="speculative decoding on a real small LLM (see `coupling demo --help`)",
         add_help=False,
     )
+    add_conformance_parser(sub)
     return parser
 
 
@@ -221,6 +223,8 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] == "demo":
         return _cmd_demo(argv[1:])
     args = build_parser().parse_args(argv)
+    if hasattr(args, "run"):  # a subcommand that runs itself (conformance)
+        return args.run(args)
     from .solve import SolverError
 
     try:

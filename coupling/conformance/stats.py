@@ -96,11 +96,11 @@ def likelihood_ratio(counts: np.ndarray, probs: np.ndarray, *,
     probs = np.asarray(probs, dtype=np.float64)
     n = int(counts.sum())
     impossible = int(counts[probs <= 0].sum())
-    if impossible:
-        return Result(math.inf, 0, 0.0, impossible)
     support = probs > 0
     obs, exp = _cells(counts[support], n * probs[support], min_expected)
     dof = obs.size - 1
+    if impossible:
+        return Result(math.inf, dof, 0.0, impossible)
     if dof < 1:
         return Result(0.0, 0, 1.0, 0)
     williams = 1.0 + (float((n / exp).sum()) - 1.0) / (6.0 * n * dof)
