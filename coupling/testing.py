@@ -11,10 +11,12 @@ Strategies (``hypothesis`` is needed; it ships with the ``dev`` extra)
 * :func:`draft_tuples` -- ``k`` drafts of positive probability under ``q`` (distinct
   without replacement).
 
-Assertion
----------
+Assertions
+----------
 :func:`assert_lossless` runs :func:`coupling.conformance.check_verifier` and raises
-``AssertionError`` with the report's table when it finds a loss::
+``AssertionError`` with the report's table when it finds a loss;
+:func:`assert_sampler_matches_law` checks that a verifier's sampler draws from the law its
+``law`` method states (the exact mode trusts ``law``)::
 
     from coupling.testing import assert_lossless
 
@@ -35,8 +37,16 @@ except ImportError as exc:  # pragma: no cover - exercised only without hypothes
 
 from . import TabularLM
 from .conformance import ConformanceReport, check_verifier
+from .conformance.stats import likelihood_ratio
 
-__all__ = ["distributions", "pairs", "model_pairs", "draft_tuples", "assert_lossless"]
+__all__ = [
+    "distributions",
+    "pairs",
+    "model_pairs",
+    "draft_tuples",
+    "assert_lossless",
+    "assert_sampler_matches_law",
+]
 
 _KINDS = ("weights", "zeros", "point", "ties", "tiny")
 
@@ -114,3 +124,30 @@ def assert_lossless(verify, **kwargs) -> ConformanceReport:
     if not report.ok:
         raise AssertionError(f"verifier is not lossless:\n{report.table()}")
     return report
+
+
+def assert_sampler_matches_law(verify, drafts: np.ndarray, p: np.ndarray, q: np.ndarray, *,
+                               n: int = 20_000, seed: int = 0, alpha: float = 1e-6) -> None:
+    """Assert that ``verify(drafts, p, q, rng)`` samples ``verify.law(drafts, p, q)``.
+
+    ``n`` emissions are compared with the stated law by the check's likelihood-ratio test
+    at level ``alpha``; an emission the law gives probability 0 fails at once.
+    """
+    law = dict(verify.law(drafts, p, q))
+    keys = list(law)
+    index = {e: i for i, e in enumerate(keys)}
+    counts = np.zeros(len(keys) + 1, dtype=np.int64)  # last cell: emissions outside the law
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        e = tuple(int(t) for t in np.asarray(verify(drafts, p, q, rng)).tolist())
+        counts[index.get(e, len(keys))] += 1
+    probs = np.append([float(law[e]) for e in keys], 0.0)
+    result = likelihood_ratio(counts, probs)
+    if result.p_value < alpha:
+        worst = np.argsort(-np.abs(counts[:-1] / n - probs[:-1]))[:3]
+        detail = ", ".join(f"{keys[i]}: sampled {counts[i] / n:.4f}, law {probs[i]:.4f}"
+                           for i in worst)
+        raise AssertionError(
+            f"sampler and law disagree (p = {result.p_value:.3g}; {counts[-1]} emissions "
+            f"outside the law; {detail})"
+        )

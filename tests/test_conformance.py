@@ -16,7 +16,8 @@ from coupling.conformance import (
     model_pairs,
     torch_rule,
 )
-from coupling.conformance.loop import Laws, enumerate_trees, sample_tree
+from coupling.conformance.loop import Laws, enumerate_trees, exact_law, sample_tree
+from coupling.testing import assert_sampler_matches_law
 
 
 # ------------------------------------------------------------------------------ model pairs
@@ -78,8 +79,6 @@ def test_every_rule_is_exactly_lossless_along_trees(rule, k, replacement):
 
 def test_exact_law_of_token_matches_the_package_stream_law():
     pair = model_pairs(3, seed=2)[0]
-    from coupling.conformance.loop import exact_law
-
     law = exact_law(from_rule("token").law, Laws(pair.target, "t"), Laws(pair.draft, "d"),
                     length=3, gamma=2, k=1, replacement=True)
     assert np.abs(law - stream_law("token", pair.target, pair.draft, 2, 3)).max() < 1e-14
@@ -87,7 +86,7 @@ def test_exact_law_of_token_matches_the_package_stream_law():
 
 def test_rule_walk_samples_its_exact_law():
     verify = from_rule("rrs")
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(1)  # the laws
     drafts = np.array([[0, 1], [0, 2]])
     p = rng.dirichlet(np.ones(3), size=(2, 3))
     p[1, 0] = p[0, 0]  # the branches share their first law
@@ -95,15 +94,8 @@ def test_rule_walk_samples_its_exact_law():
     q[1, 0] = q[0, 0]
     p[1, 1] = p[0, 1]
     q[1, 1] = q[0, 1]  # and their second (same first token)
-    law = verify.law(drafts, p, q)
-    assert abs(sum(law.values()) - 1) < 1e-12
-    n = 20_000
-    seen: dict = {}
-    for _ in range(n):
-        e = tuple(verify(drafts, p, q, rng).tolist())
-        seen[e] = seen.get(e, 0) + 1
-    assert set(seen) <= set(law)
-    assert max(abs(seen.get(e, 0) / n - w) for e, w in law.items()) < 0.015
+    assert abs(sum(verify.law(drafts, p, q).values()) - 1) < 1e-12
+    assert_sampler_matches_law(verify, drafts, p, q, n=20_000, seed=1)
 
 
 # ------------------------------------------------------------------------------ statistical

@@ -13,6 +13,7 @@ from coupling.conformance.bugs import (
     shared_noise_residual,
     vllm_example_law,
 )
+from coupling.testing import assert_sampler_matches_law
 
 ALL = [v for pair in REPRODUCTIONS.values() for v in pair]
 
@@ -81,16 +82,8 @@ def test_reproductions_sample_their_exact_law(verify):
     q = rng.dirichlet(np.full(V, 0.7), size=(1, g))
     q[0, 1] = [0.5, 0.5, 0.0]  # a top-k row, so the transformers bug shows
     drafts = np.array([[int(np.argmax(q[0, 0])), 0, int(np.argmax(q[0, 2]))]])
-    law = verify.law(drafts, p, q)
-    assert abs(sum(law.values()) - 1) < 1e-12
-    n = 40_000
-    seen: dict = {}
-    for _ in range(n):
-        e = tuple(verify(drafts, p, q, rng).tolist())
-        seen[e] = seen.get(e, 0) + 1
-    assert set(seen) <= set(law)
-    for e, w in law.items():
-        assert abs(seen.get(e, 0) / n - w) <= 5 * np.sqrt(w * (1 - w) / n) + 1e-3, (e, w)
+    assert abs(sum(verify.law(drafts, p, q).values()) - 1) < 1e-12
+    assert_sampler_matches_law(verify, drafts, p, q, n=40_000, seed=6)
 
 
 @pytest.mark.parametrize("name", list(REPRODUCTIONS))

@@ -10,7 +10,14 @@ from hypothesis import strategies as st
 from coupling import RULES, as_distribution, tuple_law
 from coupling.conformance import from_rule
 from coupling.conformance.bugs import HF_RAW_Q
-from coupling.testing import assert_lossless, distributions, draft_tuples, model_pairs, pairs
+from coupling.testing import (
+    assert_lossless,
+    assert_sampler_matches_law,
+    distributions,
+    draft_tuples,
+    model_pairs,
+    pairs,
+)
 
 
 @given(st.integers(1, 8).flatmap(lambda V: distributions(V)))
@@ -59,3 +66,26 @@ def test_assert_lossless_passes_and_fails():
     assert report.ok
     with pytest.raises(AssertionError, match="q-zeros"):
         assert_lossless(HF_RAW_Q, exact=True)
+
+
+def test_assert_sampler_matches_law_catches_a_false_law():
+    class Liar:
+        """Samples the vLLM bug but states the fix's law."""
+
+        def __init__(self):
+            from coupling.conformance.bugs import VLLM_EXAMPLE, VllmSharedNoise
+
+            self.bug, self.fix = VllmSharedNoise(), VllmSharedNoise(fixed=True)
+            p, q = VLLM_EXAMPLE
+            self.args = (np.array([[2]]), np.stack([[p, p]]), np.stack([[q]]))
+
+        def law(self, drafts, p, q):
+            return self.fix.law(drafts, p, q)
+
+        def __call__(self, drafts, p, q, rng):
+            return self.bug(drafts, p, q, rng)
+
+    liar = Liar()
+    assert_sampler_matches_law(liar.fix, *liar.args, n=5000)
+    with pytest.raises(AssertionError, match="disagree"):
+        assert_sampler_matches_law(liar, *liar.args, n=20_000)
