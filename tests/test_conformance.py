@@ -210,3 +210,11 @@ def test_transformers_speculative_sampling_is_lossless():
     assert report.ok, report.table()
     lossy = check_verifier(hf_speculative_sampling(assistant_ensemble_weight=0.9), draws=2000)
     assert not lossy.ok  # DIVERSE's ensemble verification is documented as biased
+
+
+def test_user_pairs_must_share_a_vocabulary():
+    pairs = [(TabularLM.constant([0.5, 0.5]), TabularLM.constant([0.2, 0.3, 0.5]))]
+    with pytest.raises(ValueError, match="vocabulary mismatch"):
+        check_verifier(from_rule("token"), pairs=pairs, draws=10)
+    with pytest.raises(TypeError, match="pairs"):
+        check_verifier(from_rule("token"), pairs=[object()])

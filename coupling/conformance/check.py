@@ -207,15 +207,7 @@ def check_verifier(
                                                (k, "k")))
     length = gamma + 2 if length is None else _count(length, "length")
     draws = DRAWS if draws is None else _count(draws, "draws")
-    if not isinstance(replacement, (bool, np.bool_)):
-        raise ValueError(f"replacement must be True or False, got {replacement!r}")
-    if not (isinstance(alpha, float | int) and 0.0 < alpha < 1.0):
-        raise ValueError(f"alpha must lie in (0, 1) (the false-positive rate), got {alpha!r}")
-    if exact and not callable(getattr(verify, "law", None)):
-        raise TypeError("exact=True needs verify.law(drafts, p, q) -> {emitted: probability}; "
-                        "use the statistical mode (exact=False) for a sampler alone")
-    if not callable(verify):
-        raise TypeError(f"verify must be callable, got {type(verify).__name__}")
+    _check_settings(verify, replacement, alpha, exact)
     pairs = model_pairs(V, k=k, replacement=bool(replacement), seed=seed) if pairs is None \
         else as_pairs(pairs)
     V = np.asarray(pairs[0].target(())).size
@@ -238,6 +230,27 @@ def check_verifier(
         results.append(_exact(verify.law, pair, P, **kw) if exact else _statistical(
             verify, pair, P, draws=draws, level=alpha / m, rng=rng,
             progress=tick if progress else None, **kw))
+    return _report(verify, tuple(results), exact=exact, alpha=float(alpha), draws=draws,
+                   settings=dict(vocab_size=V, gamma=gamma, k=k, replacement=bool(replacement),
+                                 length=length, seed=int(seed)),
+                   seconds=time.perf_counter() - t0)
+
+
+def _check_settings(verify, replacement, alpha, exact: bool) -> None:
+    if not isinstance(replacement, (bool, np.bool_)):
+        raise ValueError(f"replacement must be True or False, got {replacement!r}")
+    if not (isinstance(alpha, float | int) and 0.0 < alpha < 1.0):
+        raise ValueError(f"alpha must lie in (0, 1) (the false-positive rate), got {alpha!r}")
+    if exact and not callable(getattr(verify, "law", None)):
+        raise TypeError("exact=True needs verify.law(drafts, p, q) -> {emitted: probability}; "
+                        "use the statistical mode (exact=False) for a sampler alone")
+    if not callable(verify):
+        raise TypeError(f"verify must be callable, got {type(verify).__name__}")
+
+
+def _report(verify, results: tuple[PairResult, ...], *, exact: bool, alpha: float,
+            draws: int, settings: dict, seconds: float) -> ConformanceReport:
+    m = len(results)
     worst = max(results, key=lambda r: r.tv)
     if exact:
         p_value, ok = None, worst.tv <= EXACT_TOL
@@ -247,16 +260,14 @@ def check_verifier(
         p_value = min(1.0, m * min(r.p_value for r in results))
         ok = p_value >= alpha
         test = (f"likelihood ratio (Williams-corrected G, chi-square reference) of the law of "
-                f"the first {length} tokens against the target's exact law, strings expected "
-                f"< {MIN_EXPECTED:g} times pooled; Bonferroni over {m} pairs; detectable TV "
-                f"at power {POWER:g}")
+                f"the first {settings['length']} tokens against the target's exact law, "
+                f"strings expected < {MIN_EXPECTED:g} times pooled; Bonferroni over {m} "
+                f"pairs; detectable TV at power {POWER:g}")
     return ConformanceReport(
         ok=bool(ok), verifier=_name(verify), mode="exact" if exact else "statistical",
         p_value=p_value, tv=worst.tv, tv_interval=(worst.tv_low, worst.tv_high),
-        draws=0 if exact else draws,
-        detectable_tv=max(r.detectable_tv for r in results), alpha=float(alpha),
-        vocab_size=V, gamma=gamma, k=k, replacement=bool(replacement), length=length,
-        seed=int(seed), seconds=time.perf_counter() - t0, test=test, pairs=tuple(results))
+        draws=0 if exact else draws, detectable_tv=max(r.detectable_tv for r in results),
+        alpha=alpha, **settings, seconds=seconds, test=test, pairs=results)
 
 
 def _name(verify) -> str:

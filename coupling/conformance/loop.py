@@ -112,6 +112,8 @@ def tree_laws(ctx: tuple[int, ...], drafts: np.ndarray, target: Laws, draft: Law
     """``p [k, gamma + 1, V]`` and ``q [k, gamma, V]`` along the branches of ``drafts``."""
     k, gamma = drafts.shape
     V = target(ctx).size
+    if draft(ctx).size != V:
+        raise ValueError(f"vocabulary mismatch: target has {V} tokens, draft {draft(ctx).size}")
     p = np.empty((k, gamma + 1, V))
     q = np.empty((k, gamma, V))
     for j in range(k):
@@ -120,8 +122,6 @@ def tree_laws(ctx: tuple[int, ...], drafts: np.ndarray, target: Laws, draft: Law
             p[j, i] = target(ctx + row[:i])
             if i < gamma:
                 q[j, i] = draft(ctx + row[:i])
-    if q.shape[-1] != V:
-        raise ValueError(f"vocabulary mismatch: target has {V} tokens, draft {q.shape[-1]}")
     return p, q
 
 
