@@ -101,8 +101,9 @@ class ConformanceReport:
             )
         verdict = "PASS" if self.ok else "FAIL"
         pv = "" if self.p_value is None else f"p = {self.p_value:.3g} (alpha = {self.alpha:g}), "
+        bound = "tolerance" if self.mode == "exact" else "detectable TV"
         lines += ["", f"{verdict}: {pv}worst TV {_tv_text(self.tv, *self.tv_interval)}, "
-                      f"detectable TV {self.detectable_tv:.3g}, {self.seconds:.1f} s"]
+                      f"{bound} {self.detectable_tv:.3g}, {self.seconds:.1f} s"]
         return "\n".join(lines)
 
 
