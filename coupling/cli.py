@@ -227,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--seed", type=int, default=0, help="seed of the toy model used with --gamma")
     a.add_argument("--json", action="store_true", help="print JSON instead of a table")
     for name, ep in sorted(_commands().items()):
-        sub.add_parser(name, help=f"{ep.value} (see `coupling {name} --help`)", add_help=False)
+        sub.add_parser(name, help=f"registered by {ep.value.split(':')[0]} (see `coupling "
+                                  f"{name} --help`)", add_help=False)
     return parser
 
 

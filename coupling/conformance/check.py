@@ -1,0 +1,278 @@
+"""``check_verifier``: the conformance check, statistical or exact, and its report."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .. import target_law
+from .loop import Laws, exact_law, sample_counts
+from .pairs import Pair, as_pairs, model_pairs
+from .stats import MIN_EXPECTED, POWER, detectable_tv, likelihood_ratio, tv_interval
+
+__all__ = ["PairResult", "ConformanceReport", "check_verifier", "DRAWS", "MAX_STRINGS"]
+
+#: Generation loops per model pair when ``draws`` is not given.
+DRAWS = 20_000
+#: Largest ``vocab_size ** length`` (strings whose law is compared).
+MAX_STRINGS = 100_000
+#: Largest exact TV an exact check accepts as lossless (float rounding of the enumeration).
+EXACT_TOL = 1e-12
+
+
+@dataclass(frozen=True)
+class PairResult:
+    """The check on one target/draft pair."""
+
+    name: str
+    description: str
+    draws: int  # generation loops (0 in exact mode)
+    statistic: float | None  # likelihood-ratio G (None in exact mode)
+    dof: int
+    p_value: float | None
+    tv: float  # plug-in estimate, or exact
+    tv_low: float
+    tv_high: float
+    detectable_tv: float
+    tokens_per_call: float | None  # emitted tokens per verify call
+    worst: tuple  # up to three (string, observed or verifier probability, target probability)
+
+
+@dataclass(frozen=True)
+class ConformanceReport:
+    """Outcome of :func:`check_verifier`; ``str(report)`` is a table, ``to_dict`` JSON-ready.
+
+    ``ok``: no evidence of loss at level ``alpha`` (statistical) or exact TV at most
+    ``1e-12`` on every pair (exact). ``p_value``: Bonferroni over pairs,
+    ``min(1, m * min_j p_j)``. ``tv`` and ``tv_interval``: the worst pair's TV between the
+    law of the first ``length`` tokens and the target's, with its 95% interval.
+    ``detectable_tv``: every verifier at least this far from the target on some pair is
+    caught with probability :data:`coupling.conformance.stats.POWER` (worst pair).
+    """
+
+    ok: bool
+    verifier: str
+    mode: str  # "statistical" or "exact"
+    p_value: float | None
+    tv: float
+    tv_interval: tuple[float, float]
+    draws: int  # per pair
+    detectable_tv: float
+    alpha: float
+    vocab_size: int
+    gamma: int
+    k: int
+    replacement: bool
+    length: int
+    seed: int
+    seconds: float
+    test: str
+    pairs: tuple[PairResult, ...]
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["pairs"] = [asdict(r) for r in self.pairs]
+        return d
+
+    def __str__(self) -> str:
+        return self.table()
+
+    def table(self) -> str:
+        mode = "i.i.d." if self.replacement else "without replacement"
+        lines = [
+            f"conformance of {self.verifier}: {self.mode}, V={self.vocab_size}, "
+            f"gamma={self.gamma}, k={self.k} ({mode}), first {self.length} tokens, "
+            f"seed={self.seed}",
+            f"test: {self.test}",
+            "",
+            f"{'pair':<10}{'draws':>8}{'G':>10}{'dof':>6}{'p-value':>10}   "
+            f"{'TV [95% interval]':<26}{'detect':>8}{'tok/call':>9}",
+        ]
+        for r in self.pairs:
+            stat = "-" if r.statistic is None else f"{r.statistic:.1f}"
+            pv = "-" if r.p_value is None else f"{r.p_value:.2g}"
+            tpc = "-" if r.tokens_per_call is None else f"{r.tokens_per_call:.3f}"
+            lines.append(
+                f"{r.name:<10}{r.draws:>8}{stat:>10}{r.dof:>6}{pv:>10}   "
+                f"{_tv_text(r.tv, r.tv_low, r.tv_high):<26}{r.detectable_tv:>8.3g}{tpc:>9}"
+            )
+        verdict = "PASS" if self.ok else "FAIL"
+        pv = "" if self.p_value is None else f"p = {self.p_value:.3g} (alpha = {self.alpha:g}), "
+        bound = "tolerance" if self.mode == "exact" else "detectable TV"
+        lines += ["", f"{verdict}: {pv}worst TV {_tv_text(self.tv, *self.tv_interval)}, "
+                      f"{bound} {self.detectable_tv:.3g}, {self.seconds:.1f} s"]
+        return "\n".join(lines)
+
+
+def _tv_text(tv: float, lo: float, hi: float) -> str:
+    if lo == hi:
+        return f"{tv:.3g} (exact)"
+    return f"{tv:.4f} [{lo:.3f}, {hi:.3f}]"
+
+
+def _count(value, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return int(value)
+
+
+def _worst(probs: np.ndarray, ref: np.ndarray, V: int, L: int) -> tuple:
+    top = np.argsort(-np.abs(probs - ref), kind="stable")[:3]
+    return tuple((tuple(int(t) for t in np.unravel_index(i, (V,) * L)), float(probs[i]),
+                  float(ref[i])) for i in top)
+
+
+def _stepper(verify) -> Callable:
+    if getattr(verify, "batched", False) and hasattr(verify, "step"):
+        return verify.step
+
+    def step(drafts, p, q, rng):
+        return [verify(d, pp, qq, rng) for d, pp, qq in zip(drafts, p, q, strict=True)]
+
+    return step
+
+
+def _statistical(verify, pair: Pair, P: np.ndarray, *, draws: int, length: int, gamma: int,
+                 k: int, replacement: bool, level: float, rng: np.random.Generator,
+                 progress) -> PairResult:
+    target, draft = Laws(pair.target, "target"), Laws(pair.draft, "draft")
+    V = target(()).size
+    halves, calls, emitted = sample_counts(
+        _stepper(verify), target, draft, n=draws, length=length, gamma=gamma, k=k,
+        replacement=replacement, rng=rng, progress=progress)
+    counts = halves.sum(axis=0)
+    test = likelihood_ratio(counts, P)
+    tv, lo, hi = tv_interval(halves, P)
+    return PairResult(pair.name, pair.description, draws, test.statistic, test.dof,
+                      test.p_value, tv, lo, hi, detectable_tv(draws, test.dof, level),
+                      emitted / calls, _worst(counts / draws, P, V, length))
+
+
+def _exact(law, pair: Pair, P: np.ndarray, *, length: int, gamma: int, k: int,
+           replacement: bool) -> PairResult:
+    target, draft = Laws(pair.target, "target"), Laws(pair.draft, "draft")
+    V = target(()).size
+    out = exact_law(law, target, draft, length=length, gamma=gamma, k=k,
+                    replacement=replacement)
+    tv = 0.5 * float(np.abs(out - P).sum())
+    return PairResult(pair.name, pair.description, 0, None, 0, None, tv, tv, tv, EXACT_TOL,
+                      None, _worst(out, P, V, length))
+
+
+def check_verifier(
+    verify,
+    *,
+    vocab_size: int = 3,
+    gamma: int = 2,
+    k: int = 1,
+    replacement: bool = True,
+    length: int | None = None,
+    draws: int | None = None,
+    seed: int = 0,
+    alpha: float = 1e-6,
+    exact: bool = False,
+    pairs: Sequence[Pair | tuple] | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> ConformanceReport:
+    """Check that iterating ``verify`` generates exactly the target's law (see the package doc).
+
+    Parameters
+    ----------
+    verify : callable
+        ``verify(drafts [k, gamma], p [k, gamma + 1, V], q [k, gamma, V], rng)`` returning the
+        emitted tokens; or a batched verifier from :func:`from_torch`. With ``exact=True`` it
+        must also have ``verify.law(drafts, p, q)`` returning ``{emitted tuple: probability}``.
+    vocab_size, gamma, k, replacement
+        The vocabulary, drafts per branch, branches, and whether the ``k`` first drafts are
+        i.i.d. (``True``) or distinct.
+    length : int, optional
+        Strings of the first ``length`` emitted tokens are compared; default ``gamma + 2``,
+        so every string spans at least two verification steps.
+    draws : int, optional
+        Generation loops per pair (statistical mode), default :data:`DRAWS`.
+    seed : int
+        Seeds the model pairs and every random draw: same arguments, same report.
+    alpha : float
+        False-positive rate of the whole check (Bonferroni over the pairs).
+    exact : bool
+        Compute each pair's output law exactly from ``verify.law`` instead of sampling.
+    pairs : sequence, optional
+        Your own ``(target, draft)`` language models instead of :func:`model_pairs`.
+    progress : callable, optional
+        Called as ``progress(loops_done, loops_total)`` while sampling.
+    """
+    V, gamma, k = (_count(v, n) for v, n in ((vocab_size, "vocab_size"), (gamma, "gamma"),
+                                               (k, "k")))
+    length = gamma + 2 if length is None else _count(length, "length")
+    draws = DRAWS if draws is None else _count(draws, "draws")
+    _check_settings(verify, replacement, alpha, exact)
+    pairs = model_pairs(V, k=k, replacement=bool(replacement), seed=seed) if pairs is None \
+        else as_pairs(pairs)
+    V = np.asarray(pairs[0].target(())).size
+    if V**length > MAX_STRINGS:
+        raise ValueError(f"vocab_size**length = {V}**{length} strings exceed {MAX_STRINGS}; "
+                         "lower length or vocab_size")
+    m = len(pairs)
+    t0 = time.perf_counter()
+    rngs = np.random.default_rng([int(seed), 1]).spawn(m)
+    done = [0]
+
+    def tick(n: int) -> None:
+        done[0] += n
+        progress(done[0], draws * m)
+
+    results = []
+    for pair, rng in zip(pairs, rngs, strict=True):
+        P = np.asarray(target_law(pair.target, length), dtype=np.float64)
+        kw = dict(length=length, gamma=gamma, k=k, replacement=bool(replacement))
+        results.append(_exact(verify.law, pair, P, **kw) if exact else _statistical(
+            verify, pair, P, draws=draws, level=alpha / m, rng=rng,
+            progress=tick if progress else None, **kw))
+    return _report(verify, tuple(results), exact=exact, alpha=float(alpha), draws=draws,
+                   settings=dict(vocab_size=V, gamma=gamma, k=k, replacement=bool(replacement),
+                                 length=length, seed=int(seed)),
+                   seconds=time.perf_counter() - t0)
+
+
+def _check_settings(verify, replacement, alpha, exact: bool) -> None:
+    if not isinstance(replacement, (bool, np.bool_)):
+        raise ValueError(f"replacement must be True or False, got {replacement!r}")
+    if not (isinstance(alpha, float | int) and 0.0 < alpha < 1.0):
+        raise ValueError(f"alpha must lie in (0, 1) (the false-positive rate), got {alpha!r}")
+    if exact and not callable(getattr(verify, "law", None)):
+        raise TypeError("exact=True needs verify.law(drafts, p, q) -> {emitted: probability}; "
+                        "use the statistical mode (exact=False) for a sampler alone")
+    if not callable(verify):
+        raise TypeError(f"verify must be callable, got {type(verify).__name__}")
+
+
+def _report(verify, results: tuple[PairResult, ...], *, exact: bool, alpha: float,
+            draws: int, settings: dict, seconds: float) -> ConformanceReport:
+    m = len(results)
+    worst = max(results, key=lambda r: r.tv)
+    if exact:
+        p_value, ok = None, worst.tv <= EXACT_TOL
+        test = ("exact: each pair's law of the first tokens enumerated from verify.law over "
+                f"every draft tree; lossless iff TV <= {EXACT_TOL:g}")
+    else:
+        p_value = min(1.0, m * min(r.p_value for r in results))
+        ok = p_value >= alpha
+        test = (f"likelihood ratio (Williams-corrected G, chi-square reference) of the law of "
+                f"the first {settings['length']} tokens against the target's exact law, "
+                f"strings expected < {MIN_EXPECTED:g} times pooled; Bonferroni over {m} "
+                f"pairs; detectable TV at power {POWER:g}")
+    return ConformanceReport(
+        ok=bool(ok), verifier=_name(verify), mode="exact" if exact else "statistical",
+        p_value=p_value, tv=worst.tv, tv_interval=(worst.tv_low, worst.tv_high),
+        draws=0 if exact else draws, detectable_tv=max(r.detectable_tv for r in results),
+        alpha=alpha, **settings, seconds=seconds, test=test, pairs=results)
+
+
+def _name(verify) -> str:
+    name = getattr(verify, "name", None)
+    if isinstance(name, str):
+        return name
+    return getattr(verify, "__qualname__", None) or type(verify).__name__

@@ -1,0 +1,121 @@
+"""``coupling conformance MODULE:NAME``: run :func:`check_verifier` from the command line.
+
+Examples
+--------
+::
+
+    coupling conformance coupling.conformance.bugs:VLLM_SHARED_NOISE
+    coupling conformance coupling.conformance.bugs:ASCEND_BLOCK_VERIFY --exact
+    coupling conformance mypkg.verify:verify --gamma 3 --k 2 --draws 50000 --json
+    coupling conformance mypkg.engine:batched_verify --torch
+
+``NAME`` is the verifier: a callable ``verify(drafts, p, q, rng)``; ``--torch`` wraps a
+batched ``fn(drafts, p, q, generator)`` with :func:`coupling.conformance.from_torch`. The
+exit status is 0 when the check passes, 1 when it finds a loss, 2 on bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+
+__all__ = ["add_parser", "run", "load", "main"]
+
+
+def add_parser(subparsers) -> argparse.ArgumentParser:
+    """Register the ``conformance`` subcommand on ``subparsers`` (from ``add_subparsers``)."""
+    a = subparsers.add_parser(
+        "conformance",
+        help="check that a verifier reproduces the target's law over whole sequences",
+        description="Run whole generation loops of a verifier on context-dependent model "
+        "pairs and test the law of the first tokens against the target's exact law.",
+    )
+    a.add_argument("target", metavar="MODULE:NAME", help="the verifier, e.g. mypkg.spec:verify")
+    a.add_argument("--vocab-size", type=int, default=3, metavar="V", help="vocabulary (3)")
+    a.add_argument("--gamma", type=int, default=2, metavar="G", help="drafts per branch (2)")
+    a.add_argument("--k", type=int, default=1, metavar="K", help="draft branches (1)")
+    a.add_argument("--without-replacement", action="store_true",
+                   help="the k first drafts are distinct (successive sampling)")
+    a.add_argument("--length", type=int, default=None, metavar="L",
+                   help="compare the law of the first L tokens (gamma + 2)")
+    a.add_argument("--draws", type=int, default=None, metavar="N",
+                   help="generation loops per model pair (20000)")
+    a.add_argument("--seed", type=int, default=0, help="seed of the models and draws (0)")
+    a.add_argument("--alpha", type=float, default=1e-6, help="false-positive rate (1e-6)")
+    a.add_argument("--exact", action="store_true",
+                   help="exact mode: enumerate the law from NAME.law(drafts, p, q)")
+    a.add_argument("--torch", action="store_true",
+                   help="NAME is a batched torch verifier fn(drafts, p, q, generator)")
+    a.add_argument("--json", action="store_true", help="print the report as JSON")
+    a.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    a.set_defaults(run=run)
+    return a
+
+
+def load(spec: str):
+    """The object named by ``MODULE:NAME`` (``NAME`` may be dotted)."""
+    module, sep, name = spec.partition(":")
+    if not sep or not module or not name:
+        raise ValueError(f"expected MODULE:NAME (e.g. mypkg.spec:verify), got {spec!r}")
+    try:
+        obj = importlib.import_module(module)
+    except ImportError as exc:
+        raise ValueError(f"cannot import module {module!r}: {exc}") from None
+    for part in name.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"module {module!r} has no attribute {name!r}") from None
+    return obj
+
+
+class _Bar:
+    """A one-line progress bar on stderr, redrawn at most ten times a second."""
+
+    def __init__(self, stream=sys.stderr, width: int = 30):
+        self.stream, self.width, self.t0, self.last = stream, width, time.perf_counter(), 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        now = time.perf_counter()
+        if done < total and now - self.last < 0.1:
+            return
+        self.last = now
+        filled = int(self.width * done / total)
+        self.stream.write(f"\r[{'#' * filled}{'.' * (self.width - filled)}] "
+                          f"{done}/{total} loops, {now - self.t0:.0f} s")
+        if done >= total:
+            self.stream.write("\n")
+        self.stream.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the check that ``args`` describes; print the report; return the exit status."""
+    from .adapters import from_torch
+    from .check import check_verifier
+
+    try:
+        verify = load(args.target)
+        if args.torch:
+            verify = from_torch(verify, name=args.target)
+        show = not (args.no_progress or args.json or args.exact) and sys.stderr.isatty()
+        report = check_verifier(
+            verify, vocab_size=args.vocab_size, gamma=args.gamma, k=args.k,
+            replacement=not args.without_replacement, length=args.length, draws=args.draws,
+            seed=args.seed, alpha=args.alpha, exact=args.exact,
+            progress=_Bar() if show else None)
+    except (ValueError, TypeError) as exc:
+        print(f"coupling conformance: error: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.table())
+    return 0 if report.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``coupling conformance ...`` (registered in the entry-point group ``coupling.commands``)."""
+    parser = argparse.ArgumentParser(prog="coupling")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["conformance", *(sys.argv[1:] if argv is None else argv)])
+    return run(args)

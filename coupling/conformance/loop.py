@@ -1,0 +1,257 @@
+r"""Whole generation loops around a verifier: sampled (for the statistical test) and exact.
+
+Draft trees
+-----------
+One verification step after a context ``c`` verifies ``k`` branches of ``gamma`` drafted
+tokens each, ``drafts[j, i]``, as the package's batched torch twins define them:
+
+* with replacement, the ``k`` branches are independent chains from the draft model,
+  :math:`x_{j,i} \sim q(\cdot \mid c, x_{j,<i})`;
+* without replacement, the first tokens :math:`x_{1,0}, \dots, x_{k,0}` are distinct, drawn
+  by successive sampling from :math:`q(\cdot \mid c)`, and each branch then continues as an
+  independent chain.
+
+The verifier receives ``p[j, i] = target(c + drafts[j, :i])`` for ``i = 0..gamma`` and
+``q[j, i] = draft(c + drafts[j, :i])`` for ``i < gamma``, and returns the tokens it emits:
+``drafts[j, :n]`` for some branch ``j`` and ``0 <= n <= gamma``, then one more token. The
+loop appends them to the context and verifies again until ``length`` tokens are out.
+
+Exactly
+-------
+:func:`exact_law` computes the law of the first ``length`` tokens by enumerating every
+draft tree of positive probability after every reachable context, weighting the verifier's
+conditional law of its emission given the tree (a ``law`` function, see
+:mod:`coupling.conformance`), and merging outcomes by context, shortest context first (the
+models depend on the context only).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator, Mapping
+
+import numpy as np
+
+from .. import as_distribution, tuple_law
+
+__all__ = [
+    "Laws",
+    "sample_tree",
+    "tree_laws",
+    "enumerate_trees",
+    "check_emission",
+    "sample_counts",
+    "exact_law",
+    "MAX_TREES",
+]
+
+#: Largest number of draft trees :func:`exact_law` may enumerate after one context.
+MAX_TREES = 200_000
+
+Step = Callable[[np.ndarray, np.ndarray, np.ndarray, np.random.Generator], list]
+Law = Callable[[np.ndarray, np.ndarray, np.ndarray], Mapping]
+
+
+class Laws:
+    """Memoised, validated calls of one model (a pure function of the context)."""
+
+    def __init__(self, lm: Callable, name: str):
+        self.lm, self.name, self.memo, self.cdfs = lm, name, {}, {}
+
+    def __call__(self, ctx: tuple[int, ...]) -> np.ndarray:
+        law = self.memo.get(ctx)
+        if law is None:
+            law = as_distribution(np.asarray(self.lm(ctx), dtype=np.float64),
+                                  name=f"{self.name}({ctx})")
+            law.setflags(write=False)
+            self.memo[ctx] = law
+        return law
+
+    def draw(self, ctx: tuple[int, ...], u: float) -> int:
+        """Inverse-CDF draw from the law after ``ctx`` (never a token of zero mass)."""
+        c = self.cdfs.get(ctx)
+        if c is None:
+            c = self.cdfs[ctx] = np.cumsum(self(ctx))
+        i = int(np.searchsorted(c, u * c[-1], side="right"))
+        law = self(ctx)
+        if i >= law.size or law[i] <= 0:
+            i = int(np.flatnonzero(law > 0)[-1])
+        return i
+
+
+def _distinct_first(q: np.ndarray, k: int, rng: np.random.Generator) -> list[int]:
+    """``k`` distinct tokens by successive sampling from ``q``."""
+    w = q.copy()
+    out = []
+    for _ in range(k):
+        c = np.cumsum(w)
+        i = min(int(np.searchsorted(c, rng.random() * c[-1], side="right")), w.size - 1)
+        while w[i] <= 0:  # rounding at the top of the cumulative sum
+            i -= 1
+        out.append(i)
+        w[i] = 0.0
+    return out
+
+
+def sample_tree(ctx: tuple[int, ...], draft: Laws, k: int, gamma: int, replacement: bool,
+                rng: np.random.Generator) -> np.ndarray:
+    """One draft tree ``[k, gamma]`` after ``ctx`` (see the module doc)."""
+    out = np.empty((k, gamma), dtype=np.int64)
+    first = None if replacement else _distinct_first(draft(ctx), k, rng)
+    u = rng.random((k, gamma))
+    for j in range(k):
+        branch = ctx
+        for i in range(gamma):
+            t = first[j] if (i == 0 and first is not None) else draft.draw(branch, u[j, i])
+            out[j, i] = t
+            branch = branch + (t,)
+    return out
+
+
+def tree_laws(ctx: tuple[int, ...], drafts: np.ndarray, target: Laws, draft: Laws):
+    """``p [k, gamma + 1, V]`` and ``q [k, gamma, V]`` along the branches of ``drafts``."""
+    k, gamma = drafts.shape
+    V = target(ctx).size
+    if draft(ctx).size != V:
+        raise ValueError(f"vocabulary mismatch: target has {V} tokens, draft {draft(ctx).size}")
+    p = np.empty((k, gamma + 1, V))
+    q = np.empty((k, gamma, V))
+    for j in range(k):
+        row = tuple(drafts[j].tolist())
+        for i in range(gamma + 1):
+            p[j, i] = target(ctx + row[:i])
+            if i < gamma:
+                q[j, i] = draft(ctx + row[:i])
+    return p, q
+
+
+def _chains(ctx: tuple[int, ...], draft: Laws, n: int) -> list[tuple[tuple[int, ...], float]]:
+    """Every continuation of ``n`` tokens after ``ctx`` with its positive probability."""
+    out = [((), 1.0)]
+    for _ in range(n):
+        out = [(s + (t,), pr * w) for s, pr in out
+               for t, w in enumerate(draft(ctx + s)) if w > 0]
+    return out
+
+
+def enumerate_trees(ctx: tuple[int, ...], draft: Laws, k: int, gamma: int,
+                    replacement: bool) -> Iterator[tuple[np.ndarray, float]]:
+    """Every draft tree of positive probability after ``ctx``, with its probability."""
+    firsts, probs = tuple_law(draft(ctx), k, replacement=replacement)
+    tails = {t: _chains(ctx + (t,), draft, gamma - 1) for t in np.unique(firsts).tolist()}
+    for first, pr in zip(firsts.tolist(), probs.tolist(), strict=True):
+        if pr <= 0:
+            continue
+        count = 1
+        for t in first:
+            count *= len(tails[t])
+        if count > MAX_TREES:
+            raise ValueError(
+                f"the exact mode would enumerate {count} draft trees after one context; "
+                "lower vocab_size, gamma or k"
+            )
+        for combo in itertools.product(*(tails[t] for t in first)):
+            drafts = np.array([(t,) + s for t, (s, _) in zip(first, combo, strict=True)],
+                              dtype=np.int64)
+            yield drafts, pr * float(np.prod([w for _, w in combo]))
+
+
+def check_emission(out, drafts: np.ndarray, V: int) -> tuple[int, ...]:
+    """Validate a verifier's emission against its draft tree; return it as a tuple."""
+    k, gamma = drafts.shape
+    arr = np.asarray(out)
+    if arr.ndim != 1 or not 1 <= arr.size <= gamma + 1 or arr.dtype.kind not in "iu":
+        raise ValueError(
+            f"verify must return a 1-D integer array of 1 to gamma+1 = {gamma + 1} tokens (the "
+            f"accepted drafts, then one token), got {arr!r}"
+        )
+    em = tuple(int(t) for t in arr.tolist())
+    if min(em) < 0 or max(em) >= V:
+        raise ValueError(f"verify returned token ids outside [0, {V}): {list(em)}")
+    n = len(em) - 1
+    if n and not (drafts[:, :n] == np.asarray(em[:n])).all(axis=1).any():
+        raise ValueError(
+            f"verify emitted {list(em)}, whose first {n} tokens are not the first {n} drafts of "
+            f"any branch of {drafts.tolist()}: a verifier may only accept drafted tokens"
+        )
+    return em
+
+
+def _index(strings: np.ndarray, V: int) -> np.ndarray:
+    """Lexicographic index of each row of ``strings [n, L]`` among the ``V**L`` strings."""
+    return np.ravel_multi_index(strings.T, (V,) * strings.shape[1]) if strings.size else \
+        np.zeros(0, dtype=np.int64)
+
+
+def sample_counts(step: Step, target: Laws, draft: Laws, *, n: int, length: int, gamma: int,
+                  k: int, replacement: bool, rng: np.random.Generator,
+                  batch: int = 256, progress: Callable[[int], None] | None = None):
+    """Run ``n`` generation loops; return the counts of the first ``length`` tokens
+    in two halves ``[2, V**length]`` (alternate batches; lexicographic strings), the number
+    of verification calls and of emitted tokens.
+
+    Loops advance in batches of ``batch``: each round drafts a tree for every unfinished
+    loop and hands them to ``step`` together (a batched verifier sees them as one call).
+    """
+    V = target(()).size
+    draft_rng, verify_rng = rng.spawn(2)
+    counts = np.zeros((2, V**length), dtype=np.int64)
+    calls = emitted_total = 0
+    for start in range(0, n, batch):
+        m = min(batch, n - start)
+        out = [[] for _ in range(m)]
+        active = list(range(m))
+        while active:
+            ctxs = [tuple(out[a]) for a in active]
+            trees = [sample_tree(c, draft, k, gamma, replacement, draft_rng) for c in ctxs]
+            laws = [tree_laws(c, d, target, draft) for c, d in zip(ctxs, trees, strict=True)]
+            drafts = np.stack(trees)
+            emitted = step(drafts, np.stack([p for p, _ in laws]),
+                           np.stack([q for _, q in laws]), verify_rng)
+            if len(emitted) != len(active):
+                raise ValueError(f"a batched verifier returned {len(emitted)} emissions for "
+                                 f"{len(active)} requests")
+            calls += len(active)
+            for a, d, em in zip(active, trees, emitted, strict=True):
+                em = check_emission(em, d, V)
+                out[a].extend(em)
+                emitted_total += len(em)
+            active = [a for a in active if len(out[a]) < length]
+        strings = np.array([o[:length] for o in out], dtype=np.int64)
+        np.add.at(counts[(start // batch) % 2], _index(strings, V), 1)
+        if progress is not None:
+            progress(m)
+    return counts, calls, emitted_total
+
+
+def _checked_law(law: Law, drafts: np.ndarray, p: np.ndarray, q: np.ndarray,
+                 V: int) -> list[tuple[tuple[int, ...], float]]:
+    items = list(dict(law(drafts, p, q)).items())
+    total = sum(float(w) for _, w in items)
+    if any(float(w) < 0 for _, w in items) or abs(total - 1.0) > 1e-9:
+        raise ValueError(
+            f"law(drafts, p, q) must return probabilities that are >= 0 and sum to 1, got a "
+            f"total of {total!r} for drafts {drafts.tolist()}"
+        )
+    return [(check_emission(np.array(e, dtype=np.int64), drafts, V), float(w))
+            for e, w in items if float(w) > 0]
+
+
+def exact_law(law: Law, target: Laws, draft: Laws, *, length: int, gamma: int, k: int,
+              replacement: bool) -> np.ndarray:
+    """Exact law (``V**length``, lexicographic) of the first ``length`` emitted tokens."""
+    V = target(()).size
+    frontier: dict[tuple[int, ...], float] = {(): 1.0}
+    done = np.zeros(V**length)
+    while frontier:
+        ctx = min(frontier, key=len)  # shortest first: all mass reaching it has arrived
+        mass = frontier.pop(ctx)
+        for drafts, pr in enumerate_trees(ctx, draft, k, gamma, replacement):
+            p, q = tree_laws(ctx, drafts, target, draft)
+            for em, w in _checked_law(law, drafts, p, q, V):
+                new = (ctx + em)[:length]
+                if len(new) == length:
+                    done[int(np.ravel_multi_index(new, (V,) * length))] += mass * pr * w
+                else:
+                    frontier[new] = frontier.get(new, 0.0) + mass * pr * w
+    return done

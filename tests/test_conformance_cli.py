@@ -1,0 +1,53 @@
+"""``coupling conformance MODULE:NAME``."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from coupling.cli import main
+
+
+def test_exact_failure_and_pass(capsys):
+    assert main(["conformance", "coupling.conformance.bugs:HF_RAW_Q", "--exact"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL" in out and "q-zeros" in out
+    assert main(["conformance", "coupling.conformance.bugs:HF_RAW_Q_FIXED", "--exact"]) == 0
+    assert "PASS" in capsys.readouterr().out
+
+
+def test_json_statistical(capsys):
+    code = main(["conformance", "coupling.conformance.bugs:ASCEND_BLOCK_VERIFY_FIXED",
+                 "--draws", "300", "--gamma", "1", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0 and report["ok"] and report["gamma"] == 1 and report["draws"] == 300
+    assert len(report["pairs"]) == 6
+
+
+def test_torch_flag(capsys):
+    code = main(["conformance", "tests.test_conformance_cli:batched_token", "--torch",
+                 "--draws", "300"])
+    assert code == 0, capsys.readouterr().out
+
+
+def batched_token(drafts, p, q, generator):
+    """The package's token twin as a user's batched verifier."""
+    import torch
+
+    from coupling import verify
+
+    B = drafts.shape[0]
+    return verify("token", drafts, p, q, seeds=torch.randint(0, 2**62, (B,), generator=generator),
+                  positions=0)
+
+
+@pytest.mark.parametrize("argv,match", [
+    (["nomodule"], "MODULE:NAME"),
+    (["no_such_module_xyz:f"], "cannot import"),
+    (["coupling.conformance.bugs:NOPE"], "no attribute"),
+    (["coupling.conformance.bugs:HF_RAW_Q", "--gamma", "0"], "gamma"),
+])
+def test_bad_input_exits_2(argv, match, capsys):
+    assert main(["conformance", *argv]) == 2
+    assert match in capsys.readouterr().err
