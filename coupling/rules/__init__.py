@@ -15,6 +15,7 @@ rrs        recursive rejection sampling (SpecInfer; Yang; Jeon 2024)      k >= 1
 optimal    LP-optimal verification (min-cut value; plan through the cut)  k >= 1, both
 gumbel     shared-Gumbel drafter-invariant coupling (Daliri et al. 2024)  k = 1
 minhash    weighted-MinHash drafter-invariant coupling (Daliri et al.)    k = 1
+greedy     greedy drafts and their optimal verifier (Hu et al. 2025)      k >= 1, own law
 =========  =============================================================  ==================
 
 A rule's folder holds its math (module docstring), closed-form acceptance, exact law,
@@ -28,6 +29,7 @@ from __future__ import annotations
 from .base import Rule
 from .block import PLAIN_RESIDUAL
 from .block import RULE as BLOCK
+from .greedy import RULE as GREEDY
 from .gumbel import EMIT_DRAFT
 from .gumbel import RULE as GUMBEL
 from .kseq import RULE as KSEQ
@@ -37,7 +39,8 @@ from .rrs import RULE as RRS
 from .token import NO_RESIDUAL
 from .token import RULE as TOKEN
 
-RULES: dict[str, Rule] = {r.name: r for r in (TOKEN, BLOCK, KSEQ, RRS, OPTIMAL, GUMBEL, MINHASH)}
+RULES: dict[str, Rule] = {r.name: r for r in (TOKEN, BLOCK, KSEQ, RRS, OPTIMAL, GUMBEL, MINHASH,
+                                               GREEDY)}
 #: deliberately broken rules, for the harnesses' negative controls
 NEGATIVE_CONTROLS: dict[str, Rule] = {r.name: r for r in (NO_RESIDUAL, PLAIN_RESIDUAL,
                                                           EMIT_DRAFT)}

@@ -1,0 +1,1 @@
+"""Tests of the verification rules, one file per rule folder of ``coupling.rules``."""
