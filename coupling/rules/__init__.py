@@ -16,6 +16,7 @@ optimal    LP-optimal verification (min-cut value; plan through the cut)  k >= 1
 gumbel     shared-Gumbel drafter-invariant coupling (Daliri et al. 2024)  k = 1
 minhash    weighted-MinHash drafter-invariant coupling (Daliri et al.)    k = 1
 greedy     greedy drafts and their optimal verifier (Hu et al. 2025)      k >= 1, own law
+spechub    a hub draft and one sample, staged plan (Sun et al. 2024)      k <= 2, own law
 =========  =============================================================  ==================
 
 A rule's folder holds its math (module docstring), closed-form acceptance, exact law,
@@ -36,11 +37,12 @@ from .kseq import RULE as KSEQ
 from .minhash import RULE as MINHASH
 from .optimal import RULE as OPTIMAL
 from .rrs import RULE as RRS
+from .spechub import RULE as SPECHUB
 from .token import NO_RESIDUAL
 from .token import RULE as TOKEN
 
 RULES: dict[str, Rule] = {r.name: r for r in (TOKEN, BLOCK, KSEQ, RRS, OPTIMAL, GUMBEL, MINHASH,
-                                               GREEDY)}
+                                               GREEDY, SPECHUB)}
 #: deliberately broken rules, for the harnesses' negative controls
 NEGATIVE_CONTROLS: dict[str, Rule] = {r.name: r for r in (NO_RESIDUAL, PLAIN_RESIDUAL,
                                                           EMIT_DRAFT)}

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from hypothesis import strategies as st
 from scipy import stats
 
-from coupling import TabularLM, check_rule, stream_law, target_law
+from coupling import RULES, TabularLM, check_rule, stream_law, target_law
 from coupling.keyed import call_uniforms
 from coupling.rules.base import Rule
-from coupling.torch_backend import walk_tree
+from coupling.torch_backend import sample_rows, walk_tree
 from coupling.torch_backend.common import coin_uniforms, sample_uniforms
+from tests.strategies import distributions
 
 ALPHA = 1e-4
 
@@ -128,6 +130,40 @@ def check_parity(rule: Rule, trees, replacement: bool, seed: int = 0, **twin_kw)
             == core_verdict(rule, X, P, Q, kc, ku, replacement), n
         deep += want[0] >= 1
     assert deep >= 10
+
+
+def check_degenerate_parity(rule: Rule, data, V: int, g: int, kmax: int, replacement: bool,
+                            **twin_kw) -> None:
+    """A hypothesis tree (laws with zeros, ties and one-hots; roots from the rule's law;
+    explicit uniforms): the twin decides as the numpy core."""
+    P = np.stack([data.draw(distributions(V)) for _ in range(g + 1)])
+    Q = np.stack([data.draw(distributions(V)) for _ in range(g)])
+    k = data.draw(st.integers(1, min(kmax, np.count_nonzero(Q[0]))))
+    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
+    roots = rule.draw_drafts(Q[0], k, replacement or k == 1, rng)
+    X = np.array([[r] + [rng.choice(V, p=Q[i]) for i in range(1, g)] for r in roots])
+    unif = st.floats(0, 1, exclude_max=True)
+    coins = np.array(data.draw(st.lists(unif, min_size=g * k, max_size=g * k))).reshape(g, k)
+    u = np.array(data.draw(st.lists(unif, min_size=g + 1, max_size=g + 1)))
+    Xt = torch.tensor(X)[None]
+    Pt = torch.tensor(P)[None, None].expand(1, k, g + 1, V)
+    Qt = torch.tensor(Q)[None, None].expand(1, k, g, V)
+    assert twin_verdict(rule, Xt, Pt, Qt, replacement, seeds=0, positions=0,
+                        accept_u=torch.tensor(coins)[None], sample_u=torch.tensor(u)[None],
+                        **twin_kw) == core_verdict(rule, Xt, Pt, Qt, coins, u, replacement)
+
+
+def check_k1_is_token(rule: Rule, **twin_kw) -> None:
+    """With one branch the twin is the token twin, coin for coin along a block."""
+    rng = np.random.default_rng(11)
+    B, g, V = 300, 4, 30
+    P = torch.tensor(rng.dirichlet(np.full(V, 0.3), size=(B, 1, g + 1)))
+    Q = torch.tensor(rng.dirichlet(np.full(V, 0.3), size=(B, 1, g)))
+    X = sample_rows(Q.reshape(-1, V), torch.tensor(rng.random(B * g))).reshape(B, 1, g)
+    seeds, pos = torch.arange(B), torch.tensor(rng.integers(0, 1000, B))
+    want = RULES["token"].torch.verify(X, P, Q, seeds=seeds, positions=pos).tokens
+    assert torch.equal(want, rule.torch.verify(X, P, Q, seeds=seeds, positions=pos,
+                                               **twin_kw).tokens)
 
 
 def check_batch_invariance(rule: Rule, trees, replacement: bool, **twin_kw) -> None:

@@ -21,21 +21,19 @@ from hypothesis import strategies as st
 
 from coupling import RULES
 from coupling.rules.greedy.torch import step, verify
-from coupling.torch_backend import sample_rows
-from tests.strategies import distributions
 
 from .multidraft_helpers import (
     ALPHA,
     broken_twin,
     check_batch_invariance,
+    check_degenerate_parity,
+    check_k1_is_token,
     check_parity,
     check_single_step_law,
     chi2_pvalue,
-    core_verdict,
     own_law_trees,
     random_pq,
     single_step_counts,
-    twin_verdict,
 )
 
 GREEDY = RULES["greedy"]
@@ -49,32 +47,11 @@ def test_twin_decides_like_the_numpy_core():
 @settings(max_examples=80, deadline=None)
 @given(V=st.integers(2, 6), g=st.integers(1, 3), data=st.data())
 def test_twin_decides_like_the_core_on_degenerate_laws(V, g, data):
-    P = np.stack([data.draw(distributions(V)) for _ in range(g + 1)])
-    Q = np.stack([data.draw(distributions(V)) for _ in range(g)])
-    k = data.draw(st.integers(1, np.count_nonzero(Q[0])))
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
-    roots = GREEDY.draw_drafts(Q[0], k, k == 1, rng)
-    X = np.array([[r] + [rng.choice(V, p=Q[i]) for i in range(1, g)] for r in roots])
-    unif = st.floats(0, 1, exclude_max=True)
-    coins = np.array(data.draw(st.lists(unif, min_size=g * k, max_size=g * k))).reshape(g, k)
-    u = np.array(data.draw(st.lists(unif, min_size=g + 1, max_size=g + 1)))
-    Xt = torch.tensor(X)[None]
-    Pt = torch.tensor(P)[None, None].expand(1, k, g + 1, V)
-    Qt = torch.tensor(Q)[None, None].expand(1, k, g, V)
-    assert twin_verdict(GREEDY, Xt, Pt, Qt, False, seeds=0, positions=0,
-                        accept_u=torch.tensor(coins)[None], sample_u=torch.tensor(u)[None]) \
-        == core_verdict(GREEDY, Xt, Pt, Qt, coins, u, False)
+    check_degenerate_parity(GREEDY, data, V, g, 4, False)
 
 
 def test_k1_is_token_coin_for_coin():
-    rng = np.random.default_rng(11)
-    B, g, V = 300, 4, 30
-    P = torch.tensor(rng.dirichlet(np.full(V, 0.3), size=(B, 1, g + 1)))
-    Q = torch.tensor(rng.dirichlet(np.full(V, 0.3), size=(B, 1, g)))
-    X = sample_rows(Q.reshape(-1, V), torch.tensor(rng.random(B * g))).reshape(B, 1, g)
-    seeds, pos = torch.arange(B), torch.tensor(rng.integers(0, 1000, B))
-    a = RULES["token"].torch.verify(X, P, Q, seeds=seeds, positions=pos)
-    assert torch.equal(a.tokens, verify(X, P, Q, seeds=seeds, positions=pos).tokens)
+    check_k1_is_token(GREEDY)
 
 
 def test_batch_invariance():
