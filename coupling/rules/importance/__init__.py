@@ -172,9 +172,10 @@ def membership_acceptance(p: np.ndarray, q: np.ndarray, k: int, selection: str) 
     tuples, probs = tuple_law(q, k)
     s, qt = _architecture(p.tobytes(), q.tobytes(), k, selection)
     a = _accept_prob(p, qt)[tuples]
-    members = np.zeros((tuples.shape[0], p.size), dtype=bool)
-    members[np.arange(tuples.shape[0])[:, None], tuples] = True
-    on_drafts = members @ residual(p, qt)[0]                        # r(set of x)
+    first = np.ones(tuples.shape, dtype=bool)      # each drafted token counted once
+    for j in range(1, k):
+        first[:, j] = (tuples[:, :j] != tuples[:, j:j + 1]).all(axis=1)
+    on_drafts = (residual(p, qt)[0][tuples] * first).sum(axis=1)   # r(set of x)
     accepted = (s * a).sum(axis=1)
     return float((probs * (accepted + (1.0 - accepted) * on_drafts)).sum())
 
