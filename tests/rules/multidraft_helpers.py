@@ -13,7 +13,7 @@ import torch
 from hypothesis import strategies as st
 from scipy import stats
 
-from coupling import RULES, TabularLM, check_rule, stream_law, target_law
+from coupling import RULES, TabularLM, check_rule, sample_stream, stream_law, target_law
 from coupling.keyed import call_uniforms
 from coupling.rules.base import Rule
 from coupling.torch_backend import sample_rows, walk_tree
@@ -69,6 +69,19 @@ def check_stream_lossless(rule: Rule | str, k: int, replacement: bool, *, V: int
         t, d = model_pair(V, 1, seed)
         got = stream_law(rule, t, d, gamma, length, k=k, replacement=replacement)
         assert np.abs(got - target_law(t, length)).sum() / 2 < 1e-12, seed
+
+
+def sampled_stream_pvalue(rule: str, k: int, replacement: bool, seed: int,
+                          n: int = 4000) -> float:
+    """Chi-square p-value of ``n`` sampled 3-token streams (V = 3, gamma = 2, ``k`` branches)
+    against the exact target law."""
+    t, d = model_pair(3, 1, 0)
+    rng = np.random.default_rng(seed)
+    counts = np.zeros(27)
+    for _ in range(n):
+        s = sample_stream(rule, t, d, 2, 3, rng, k=k, replacement=replacement)
+        counts[np.ravel_multi_index(tuple(s), (3, 3, 3))] += 1
+    return chi2_pvalue(counts, target_law(t, 3))
 
 
 def stream_tv(rule: Rule | str, k: int, replacement: bool, *, V: int = 3, gamma: int = 2,
