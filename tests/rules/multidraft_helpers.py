@@ -179,9 +179,13 @@ def check_k1_is_token(rule: Rule, **twin_kw) -> None:
                                                **twin_kw).tokens)
 
 
-def check_batch_invariance(rule: Rule, trees, replacement: bool, **twin_kw) -> None:
-    """Trees of one shape verified in one batch, permuted, and alone get the same verdicts;
-    the emitted prefix is the chosen branch's."""
+def check_batch_invariance(rule: Rule, k: int, replacement: bool, V: int = 6, seed: int = 15,
+                           **twin_kw) -> None:
+    """Trees of one shape (``k`` branches of 3 tokens over ``V``) verified in one batch, permuted,
+    and alone get the same verdicts; the emitted prefix is the chosen branch's."""
+    trees = [t for t in own_law_trees(rule, np.random.default_rng(seed), 400, replacement,
+                                      kmax=k, sizes=(V,)) if t[0].shape[1:] == (k, 3)]
+    assert len(trees) >= 10
     X, P, Q = (torch.cat(parts) for parts in zip(*trees, strict=True))
     B = X.shape[0]
     seeds, pos = torch.arange(B) * 7 + 1, torch.arange(B) * 3

@@ -55,11 +55,7 @@ def test_k1_is_token_coin_for_coin():
 
 
 def test_batch_invariance():
-    rng = np.random.default_rng(15)
-    trees = [t for t in own_law_trees(GREEDY, rng, 400, False, kmax=3, sizes=(12,))
-             if t[0].shape[1:] == (3, 3)]
-    assert len(trees) >= 10
-    check_batch_invariance(GREEDY, trees, replacement=False)
+    check_batch_invariance(GREEDY, 3, False)
 
 
 # ------------------------------------------------------------------ exact single-step law
