@@ -139,20 +139,20 @@ class Rule:
         rows of :meth:`joint`, what :meth:`draw_drafts` samples, and the information model of
         :meth:`optimum`. :func:`coupling.dist.tuple_law` (i.i.d. or successive sampling from
         ``q``) unless the rule drafts otherwise."""
-        self._single_step()
-        k, replacement = self.require(k, replacement)
-        qa = as_distribution(q, name="q")
-        return self._draft_law(qa, *self._drawable(qa, k, replacement))
+        return self._draft_law(*self._prepare_law(q, k, replacement))
 
     def draw_drafts(self, q: ArrayLike, k: int, replacement: bool,
                     rng: np.random.Generator) -> np.ndarray:
         """``k`` drafts drawn from :meth:`draft_law` with ``rng``, ``[k]`` int64."""
+        law = self._prepare_law(q, k, replacement)
+        return np.asarray(self._draw_drafts(*law, require_generator(rng)), dtype=np.int64)
+
+    def _prepare_law(self, q: ArrayLike, k: int, replacement: bool) -> tuple[np.ndarray, int,
+                                                                              bool]:
         self._single_step()
         k, replacement = self.require(k, replacement)
         qa = as_distribution(q, name="q")
-        k, replacement = self._drawable(qa, k, replacement)
-        return np.asarray(self._draw_drafts(qa, k, replacement, require_generator(rng)),
-                          dtype=np.int64)
+        return qa, *self._drawable(qa, k, replacement)
 
     def optimum(self, p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True,
                 solver: str = "pot") -> float:
