@@ -3,19 +3,21 @@ r"""Validation harness for verification rules.
 :func:`check_rule` checks a rule *exactly* on one ``(p, q, k, replacement)``:
 
 1. lossless: the output law (column sums of ``rule.joint``) equals ``p``, TV < ``tol``;
-2. the draft marginal (row sums) equals the declared tuple law
-   (:func:`coupling.dist.tuple_law`);
+2. the draft marginal (row sums) equals the rule's draft law (``rule.draft_law``:
+   :func:`coupling.dist.tuple_law` unless the rule drafts otherwise);
 3. the closed-form ``rule.acceptance`` equals the joint's trace mass
    :math:`\sum_t \sum_{y \in t} \pi(t, y)`;
-4. acceptance :math:`\le` the LP optimum (``solve_coupling``) + ``opt_tol``;
+4. acceptance :math:`\le` the LP optimum over that draft law
+   (:func:`coupling.solve.solve_draft_law`) + ``opt_tol``;
 5. acceptance lies inside the rule's own ``bound`` (± ``opt_tol``).
 
 :func:`check_sampler` checks ``rule.sample`` *statistically* against ``rule.joint``:
-draft tuples are drawn from their law (i.i.d. from ``q``, or Gumbel-top-k for
-successive sampling), the sampler is run, and the (tuple, output) counts are compared with
-the joint by Pearson's chi-square; cells with expected count below ``min_expected`` are
-pooled into one cell. The test rejects at level ``alpha`` (its false-positive rate when
-the sampler is exact); use fixed seeds so a test outcome is reproducible.
+draft tuples are drawn from the rule's draft law (``rule.draw_drafts``: i.i.d. from ``q``, or
+Gumbel-top-k for successive sampling, unless the rule drafts otherwise), the sampler is
+run, and the (tuple, output) counts are compared with the joint by Pearson's chi-square;
+cells with expected count below ``min_expected`` are pooled into one cell. The test rejects
+at level ``alpha`` (its false-positive rate when the sampler is exact); use fixed seeds so a
+test outcome is reproducible.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from scipy import stats
 from .dist import (
     as_distribution,
     check_pair,
-    tuple_law,
+    sample_tuple,
     validate_count,
     validate_k,
     validate_replacement,
@@ -37,6 +39,7 @@ from .dist import (
 )
 from .rules.base import Rule
 from .rules.common import require_generator
+from .solve import solve_draft_law
 
 __all__ = [
     "RuleReport",
@@ -112,10 +115,8 @@ def check_rule(
     opt_tol: float = 1e-9,
 ) -> RuleReport:
     """Exact validation of ``rule`` on ``(p, q, k, replacement)``; see module doc."""
-    from .solve import solve_coupling
-
     pa, qa = check_pair(p, q)
-    tuples, probs = tuple_law(qa, k, replacement=replacement)
+    tuples, probs = rule.draft_law(qa, k, replacement=replacement)
     J = np.asarray(rule.joint(pa, qa, k, replacement=replacement), dtype=np.float64)
     if J.shape != (tuples.shape[0], pa.size):
         raise ValueError(
@@ -132,7 +133,7 @@ def check_rule(
         draft_err=float(np.abs(J.sum(axis=1) - probs).max()),
         acceptance=float(rule.acceptance(pa, qa, k, replacement=replacement)),
         trace_acceptance=trace_mass(J, tuples),
-        optimum=float(solve_coupling(pa, qa, k, replacement=replacement).acceptance),
+        optimum=float(solve_draft_law(pa, tuples, probs).acceptance),
         bound=tuple(float(b) for b in rule.bound(pa, qa, k, replacement=replacement)),
         tol=tol,
         opt_tol=opt_tol,
@@ -167,11 +168,7 @@ def draw_drafts(q: ArrayLike, k: int, replacement: bool, rng: np.random.Generato
     if not replacement and np.count_nonzero(q) < k:
         raise ValueError(f"cannot draw k={k} distinct tokens without replacement: q has only "
                          f"{np.count_nonzero(q)} token(s) of positive probability")
-    if replacement:
-        return rng.choice(q.size, size=k, p=q)
-    with np.errstate(divide="ignore"):
-        keys = np.log(q) + rng.gumbel(size=q.size)
-    return np.argsort(-keys, kind="stable")[:k]
+    return sample_tuple(q, k, replacement, rng)
 
 
 def check_sampler(
@@ -204,13 +201,13 @@ def check_sampler(
         raise ValueError(f"min_expected must be a positive number below n={n} (cells expected "
                          f"below it are pooled), got {min_expected!r}")
     rng = np.random.default_rng(seed)
-    tuples, _ = tuple_law(qa, k, replacement=replacement)
     ref = rule if reference is None else reference
+    tuples, _ = ref.draft_law(qa, k, replacement=replacement)
     J = np.asarray(ref.joint(pa, qa, k, replacement=replacement), dtype=np.float64)
     index = {tuple(t): i for i, t in enumerate(tuples.tolist())}
     counts = np.zeros_like(J)
     for _ in range(n):
-        d = draw_drafts(qa, k, replacement, rng)
+        d = ref.draw_drafts(qa, k, replacement, rng)
         y = rule.sample(pa, qa, d, rng, replacement=replacement)
         counts[index[tuple(int(x) for x in d)], y] += 1
     expected = (J / J.sum() * n).ravel()

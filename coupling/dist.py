@@ -36,6 +36,7 @@ __all__ = [
     "check_pair",
     "tv",
     "tuple_law",
+    "sample_tuple",
     "validate_k",
     "validate_drafts",
     "validate_seed",
@@ -275,3 +276,14 @@ def tuple_law(
         ratio = np.divide(qt, remaining, out=np.zeros_like(qt), where=(qt > 0) & (remaining > 0))
         probs = ratio.prod(axis=1)
     return tuples, probs
+
+
+def sample_tuple(q: np.ndarray, k: int, replacement: bool,
+                 rng: np.random.Generator) -> np.ndarray:
+    """One draw from :func:`tuple_law` on a validated ``q``: ``k`` i.i.d. tokens, or ``k``
+    distinct ones by Gumbel-top-k (the same law as successive sampling), ``[k]`` int64."""
+    if replacement:
+        return rng.choice(q.size, size=k, p=q)
+    with np.errstate(divide="ignore"):
+        keys = np.log(q) + rng.gumbel(size=q.size)
+    return np.argsort(-keys, kind="stable")[:k]

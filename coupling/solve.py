@@ -44,8 +44,11 @@ from .dist import as_distribution, check_pair, tuple_law, validate_k
 from .draftsets import group_by_set, padded_sets
 from .solvers import SOLVERS, SolverError, check_solver, max_flow, rebalance, transport
 
-__all__ = ["Coupling", "solve_coupling", "solve_sets", "solve_transport", "SOLVERS",
-           "COUPLING_SOLVERS", "SolverError"]
+__all__ = ["Coupling", "solve_coupling", "solve_draft_law", "solve_sets", "solve_transport",
+           "SOLVERS", "COUPLING_SOLVERS", "SolverError"]
+
+#: Largest dense plan (draft tuples times vocabulary) an LP here builds: 160 MB of float64.
+MAX_PLAN_ENTRIES = 20_000_000
 
 #: :func:`solve_coupling` also takes ``"cut"``: an optimal plan built through the min cut.
 COUPLING_SOLVERS = (*SOLVERS, "cut")
@@ -63,7 +66,8 @@ class Coupling:
         Transport plan; row ``t`` is draft tuple ``tuples[t]``, column ``y`` the output token.
         Row sums equal ``tuple_probs``, column sums equal ``p``.
     tuples : int64 ndarray [T, k]
-        Draft tuples in :func:`coupling.dist.tuple_law` order.
+        Draft tuples in :func:`coupling.dist.tuple_law` order (:func:`solve_coupling`), or
+        the given law's (:func:`solve_draft_law`).
     tuple_probs : ndarray [T]
     solver : str
     status : str
@@ -77,7 +81,7 @@ class Coupling:
     solver: str
     status: str
     k: int = 1
-    replacement: bool = True
+    replacement: bool | None = True  # None: a rule's own draft law (solve_draft_law)
 
 
 def solve_transport(a: ArrayLike, b: ArrayLike, cost: ArrayLike, *,
@@ -128,16 +132,13 @@ def solve_sets(p: np.ndarray, q: np.ndarray, k: int, replacement: bool, mass: np
     """
     check_solver(solver, COUPLING_SOLVERS)
     mass, pa_bal = rebalance(mass, p)
-    if solver == "cut":
-        from .rules.optimal.plan import cut_plan
+    if solver != "cut":
+        return _solve_members(pa_bal, mass, members, solver)
+    from .rules.optimal.plan import cut_plan
 
-        cut = cut_plan(pa_bal, q, k, replacement, padded_sets(members), mass)
-        plan_s, status = cut.dense(), cut.status
-    elif solver == "pot":
-        plan_s, status = transport(mass, pa_bal, (~members).astype(np.float64), "pot")
-    else:
-        return max_flow(mass, pa_bal, members, solver)
-    return plan_s, float(plan_s[members].sum()), status
+    cut = cut_plan(pa_bal, q, k, replacement, padded_sets(members), mass)
+    plan_s = cut.dense()
+    return plan_s, float(plan_s[members].sum()), cut.status
 
 
 def solve_coupling(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True,
@@ -185,11 +186,84 @@ def solve_coupling(p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool 
     pa, qa = check_pair(p, q)
     k = validate_k(k)
     tuples, probs = tuple_law(qa, k, replacement=replacement)
+    _check_plan_size(tuples.shape[0], pa.size)
     set_index, mass, members = group_by_set(tuples, probs, pa.size)
     plan_s, acceptance, status = solve_sets(pa, qa, k, replacement, mass, members, solver=solver)
-    # split each set's row back over its tuples, in proportion to their probabilities
+    return _on_tuples(plan_s, acceptance, status, tuples, probs, set_index, mass, solver,
+                      replacement)
+
+
+def solve_draft_law(p: ArrayLike, tuples: ArrayLike, probs: ArrayLike, *,
+                    solver: str = "pot") -> Coupling:
+    r"""The membership-cost optimum over any law of draft tuples: the LP oracle of a rule whose
+    drafts are not i.i.d. or successive samples of ``q`` (e.g. the greedy draft law, whose
+    ``k - 1`` first drafts are deterministic), :meth:`coupling.rules.base.Rule.optimum`.
+
+    Solves :math:`\max_{\pi \in \Pi(Q, p)} \pi\{y \in x\}` with ``Q`` the law that puts
+    ``probs[t]`` on ``tuples[t]``; tuples with the same set of tokens are merged first
+    (:func:`coupling.draftsets.group_by_set`).
+
+    Parameters
+    ----------
+    p : array_like [V]
+        Target distribution.
+    tuples : int array_like [T, k]
+        Draft tuples, token ids in ``[0, V)``.
+    probs : array_like [T]
+        Their probabilities (a distribution; zero rows are allowed).
+    solver : {"pot", "highs", "cvxpy"}
+        The min-cut plan (``"cut"``) is built for i.i.d. and successive drafts only.
+
+    Returns
+    -------
+    Coupling
+        ``plan`` rows follow ``tuples``; ``k`` is ``tuples.shape[1]``; ``replacement`` is
+        ``None`` (the law is given, not drawn by one of the two rules).
+
+    >>> c = solve_draft_law([0.5, 0.3, 0.2], [[0, 1], [0, 2]], [0.5, 0.5])
+    >>> round(c.acceptance, 6)
+    0.9
+    """
+    check_solver(solver, SOLVERS)
+    pa = as_distribution(p, name="p")
+    probs_a = as_distribution(probs, name="probs")
+    t = np.asarray(tuples)
+    if t.dtype.kind not in "iu" or t.ndim != 2 or t.shape[0] != probs_a.size or t.shape[1] < 1:
+        raise ValueError(f"tuples must be an integer array [T, k] with T = len(probs) = "
+                         f"{probs_a.size} rows of token ids, got shape {t.shape} of dtype "
+                         f"{t.dtype}")
+    if (t < 0).any() or (t >= pa.size).any():
+        raise ValueError(f"tuples has token ids outside [0, V) = [0, {pa.size})")
+    t = t.astype(np.int64)
+    _check_plan_size(t.shape[0], pa.size)
+    set_index, mass, members = group_by_set(t, probs_a, pa.size)
+    mass, pa_bal = rebalance(mass, pa)
+    plan_s, acceptance, status = _solve_members(pa_bal, mass, members, solver)
+    return _on_tuples(plan_s, acceptance, status, t, probs_a, set_index, mass, solver, None)
+
+
+def _check_plan_size(T: int, V: int) -> None:
+    if T * V > MAX_PLAN_ENTRIES:
+        raise ValueError(f"the exact plan has {T} draft tuples x {V} tokens = {T * V:.3g} "
+                         f"entries, above {MAX_PLAN_ENTRIES:.3g}; use the closed forms "
+                         "(coupling.optimal_acceptance, Rule.optimum) at this size")
+
+
+def _solve_members(p: np.ndarray, mass: np.ndarray, members: np.ndarray,
+                   solver: str) -> tuple[np.ndarray, float, str]:
+    """The membership-cost transport from set masses to ``p`` (both balanced) by LP."""
+    if solver == "pot":
+        plan_s, status = transport(mass, p, (~members).astype(np.float64), "pot")
+        return plan_s, float(plan_s[members].sum()), status
+    return max_flow(mass, p, members, solver)
+
+
+def _on_tuples(plan_s, acceptance, status, tuples, probs, set_index, mass, solver,
+               replacement) -> Coupling:
+    """Split each set's row of the plan back over its tuples, in proportion to their
+    probabilities."""
     share = np.divide(probs, mass[set_index], out=np.zeros_like(probs), where=mass[set_index] > 0)
     plan = plan_s[set_index] * share[:, None]
     return Coupling(acceptance=min(1.0, max(0.0, acceptance)), plan=plan, tuples=tuples,
-                    tuple_probs=probs, solver=solver, status=status, k=k,
+                    tuple_probs=probs, solver=solver, status=status, k=int(tuples.shape[1]),
                     replacement=replacement)

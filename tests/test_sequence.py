@@ -438,7 +438,7 @@ def test_analysis_validates_arguments():
     with pytest.raises(ValueError, match="gamma"):
         block_efficiency("block", t, d, 0)
     with pytest.raises(ValueError, match="rule"):
-        block_efficiency("greedy", t, d, 2)
+        block_efficiency("no_such_rule", t, d, 2)
     with pytest.raises(ValueError, match="vocabulary mismatch"):
         block_efficiency("block", t, TabularLM(4, 1, seed=0), 2)
     with pytest.raises(ValueError, match="draft paths"):

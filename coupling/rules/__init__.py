@@ -2,8 +2,8 @@
 
 ``RULES`` maps a name to its :class:`~coupling.rules.base.Rule`: every layer of the package
 (the exact analysis, :func:`coupling.check_rule`, the CLI, :func:`coupling.verify`) finds a
-rule here and nowhere else. Variants are parameters (``k``,
-``replacement``), not names.
+rule here and nowhere else. Variants are parameters (``k``, ``replacement``, the
+``selection`` of ``is``), not names.
 
 =========  =============================================================  ==================
 name       rule                                                           drafts
@@ -15,6 +15,9 @@ rrs        recursive rejection sampling (SpecInfer; Yang; Jeon 2024)      k >= 1
 optimal    LP-optimal verification (min-cut value; plan through the cut)  k >= 1, both
 gumbel     shared-Gumbel drafter-invariant coupling (Daliri et al. 2024)  k = 1
 minhash    weighted-MinHash drafter-invariant coupling (Daliri et al.)    k = 1
+greedy     greedy drafts and their optimal verifier (Hu et al. 2025)      k >= 1, own law
+is         importance-sampling selection (Khisti et al. 2025)             k >= 1, i.i.d.
+spechub    a hub draft and one sample, staged plan (Sun et al. 2024)      k <= 2, own law
 =========  =============================================================  ==================
 
 A rule's folder holds its math (module docstring), closed-form acceptance, exact law,
@@ -28,16 +31,20 @@ from __future__ import annotations
 from .base import Rule
 from .block import PLAIN_RESIDUAL
 from .block import RULE as BLOCK
+from .greedy import RULE as GREEDY
 from .gumbel import EMIT_DRAFT
 from .gumbel import RULE as GUMBEL
+from .importance import RULE as IMPORTANCE
 from .kseq import RULE as KSEQ
 from .minhash import RULE as MINHASH
 from .optimal import RULE as OPTIMAL
 from .rrs import RULE as RRS
+from .spechub import RULE as SPECHUB
 from .token import NO_RESIDUAL
 from .token import RULE as TOKEN
 
-RULES: dict[str, Rule] = {r.name: r for r in (TOKEN, BLOCK, KSEQ, RRS, OPTIMAL, GUMBEL, MINHASH)}
+RULES: dict[str, Rule] = {r.name: r for r in (TOKEN, BLOCK, KSEQ, RRS, OPTIMAL, GUMBEL, MINHASH,
+                                               GREEDY, IMPORTANCE, SPECHUB)}
 #: deliberately broken rules, for the harnesses' negative controls
 NEGATIVE_CONTROLS: dict[str, Rule] = {r.name: r for r in (NO_RESIDUAL, PLAIN_RESIDUAL,
                                                           EMIT_DRAFT)}

@@ -24,7 +24,14 @@ and how many drafts it takes, whether it is lossless or drafter-invariant) and i
 hooks ``_acceptance``, ``_joint``, ``_verify``, ``_bound`` on validated float64 arrays. The
 base class validates every public call once, draws the uniforms, lifts the single-step rule
 to blocks and trees (:mod:`coupling.rules.walk`), and finds the batched torch twin in the
-rule's folder (``coupling.rules.<name>.torch``, imported on first use).
+rule's folder (its module ``torch``, imported on first use).
+
+Draft law: the ``k`` drafts a rule verifies are i.i.d. from ``q`` or distinct by successive
+sampling (:func:`coupling.dist.tuple_law`) unless the rule overrides ``_draft_law`` and
+``_draw_drafts`` (the greedy law: the likeliest tokens of ``q`` and one draw). The exact
+checks, the walk's law and the LP oracle (:meth:`Rule.optimum`) all read :meth:`Rule.draft_law`;
+``replacement=False`` then says that the drafts are distinct, so that each branch of a draft
+tree continues as a chain after its first token.
 """
 
 from __future__ import annotations
@@ -37,7 +44,16 @@ from typing import ClassVar
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..dist import check_pair, validate_drafts, validate_k, validate_replacement
+from ..dist import (
+    as_distribution,
+    check_pair,
+    sample_tuple,
+    tuple_law,
+    validate_drafts,
+    validate_k,
+    validate_replacement,
+)
+from ..solve import solve_draft_law
 from .common import check_uniforms, require_generator
 from .walk import survivor_counts, walk, walk_outcomes
 
@@ -106,11 +122,53 @@ class Rule:
         self._single_step()
         k, replacement = self.require(k, replacement)
         pa, qa = check_pair(p, q)
-        if not replacement and k > 1 and np.count_nonzero(qa) < k:
+        return pa, qa, *self._drawable(qa, k, replacement)
+
+    def _drawable(self, q: np.ndarray, k: int, replacement: bool) -> tuple[int, bool]:
+        """``(k, replacement)`` once ``q`` can give ``k`` distinct drafts if they must be."""
+        if not replacement and k > 1 and np.count_nonzero(q) < k:
             raise ValueError(f"cannot draw k={k} distinct tokens without replacement: q has "
-                             f"only {np.count_nonzero(qa)} token(s) of positive probability; "
+                             f"only {np.count_nonzero(q)} token(s) of positive probability; "
                              "lower k or use replacement=True")
-        return pa, qa, k, replacement
+        return k, replacement
+
+    # ------------------------------------------------------------------ its draft law
+    def draft_law(self, q: ArrayLike, k: int = 1, *,
+                  replacement: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """The law of the ``k`` drafts the rule verifies, ``(tuples [T, k], probs [T])``: the
+        rows of :meth:`joint`, what :meth:`draw_drafts` samples, and the information model of
+        :meth:`optimum`. :func:`coupling.dist.tuple_law` (i.i.d. or successive sampling from
+        ``q``) unless the rule drafts otherwise."""
+        return self._draft_law(*self._prepare_law(q, k, replacement))
+
+    def draw_drafts(self, q: ArrayLike, k: int, replacement: bool,
+                    rng: np.random.Generator) -> np.ndarray:
+        """``k`` drafts drawn from :meth:`draft_law` with ``rng``, ``[k]`` int64."""
+        law = self._prepare_law(q, k, replacement)
+        return np.asarray(self._draw_drafts(*law, require_generator(rng)), dtype=np.int64)
+
+    def _prepare_law(self, q: ArrayLike, k: int, replacement: bool) -> tuple[np.ndarray, int,
+                                                                              bool]:
+        self._single_step()
+        k, replacement = self.require(k, replacement)
+        qa = as_distribution(q, name="q")
+        return qa, *self._drawable(qa, k, replacement)
+
+    def optimum(self, p: ArrayLike, q: ArrayLike, k: int = 1, *, replacement: bool = True,
+                solver: str = "cut") -> float:
+        """The LP optimum of the rule's information model: the best acceptance of any lossless
+        rule fed the drafts of :meth:`draft_law`.
+
+        ``solver="cut"``: its closed form (:meth:`_optimum`; for i.i.d. and successive drafts
+        the min-cut scan, :func:`coupling.optimal_acceptance`, at any vocabulary size);
+        ``"pot"``, ``"highs"``, ``"cvxpy"``: the LP itself over the enumerated draft law
+        (:func:`coupling.solve.solve_draft_law`), the cross-check on small vocabularies.
+        """
+        pa, qa, k, replacement = self.prepare(p, q, k, replacement)
+        if solver == "cut":
+            return min(1.0, max(0.0, float(self._optimum(pa, qa, k, replacement))))
+        tuples, probs = self._draft_law(qa, k, replacement)
+        return solve_draft_law(pa, tuples, probs, solver=solver).acceptance
 
     # ------------------------------------------------------------------ single step
     def acceptance(self, p: ArrayLike, q: ArrayLike, k: int = 1, *,
@@ -121,8 +179,7 @@ class Rule:
 
     def joint(self, p: ArrayLike, q: ArrayLike, k: int = 1, *,
               replacement: bool = True) -> np.ndarray:
-        """Exact law ``[T, V]`` of (draft tuple, output), rows in
-        :func:`coupling.dist.tuple_law` order."""
+        """Exact law ``[T, V]`` of (draft tuple, output), rows in :meth:`draft_law` order."""
         pa, qa, k, replacement = self.prepare(p, q, k, replacement)
         return self._joint(pa, qa, k, replacement)
 
@@ -235,15 +292,18 @@ class Rule:
     def sample_call(self, target: Callable, draft: Callable, gamma: int,
                     rng: np.random.Generator, context: tuple, *, k: int = 1,
                     replacement: bool = True) -> list[int]:
-        """Draft ``k`` branches from ``draft`` after ``context``, verify them against
-        ``target`` with uniforms from ``rng``; the emitted tokens (models are validated and
-        memoised here unless they already are)."""
+        """Draft ``k`` branches from ``draft`` after ``context`` (their first tokens from
+        :meth:`draw_drafts`), verify them against ``target`` with uniforms from ``rng``; the
+        emitted tokens (models are validated and memoised here unless they already are)."""
         from ..sequence.models import check_length, check_models, draft_tree
 
         gamma, (k, replacement) = check_length(gamma), self.require(k, replacement)
         target, draft, context = check_models(target, draft, context)
-        drafts, P, Q = draft_tree(target, draft, gamma, require_generator(rng), context, k=k,
-                                  replacement=replacement)
+        rng = require_generator(rng)
+        q0 = np.asarray(draft(context), dtype=np.float64)
+        roots = self._draw_drafts(q0, *self._drawable(q0, k, replacement), rng)
+        drafts, P, Q = draft_tree(target, draft, gamma, rng, context, k=k,
+                                  replacement=replacement, roots=roots)
         coins, u = rng.random((gamma, k)), rng.random(gamma + 1)
         n, j, y = self._verify_block(drafts, P, Q, coins, u, replacement)
         return [int(t) for t in drafts[j, :n]] + [int(y)]
@@ -278,6 +338,21 @@ class Rule:
         return importlib.import_module(f"{type(self).__module__}.torch")
 
     # ------------------------------------------------------------------ hooks
+    def _optimum(self, p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> float:
+        """The closed-form optimum of :meth:`draft_law`; a rule that overrides
+        :meth:`_draft_law` overrides this too."""
+        from .optimal.cut import optimal_acceptance
+
+        return optimal_acceptance(p, q, k, replacement=replacement)
+
+    def _draft_law(self, q: np.ndarray, k: int, replacement: bool) -> tuple[np.ndarray,
+                                                                          np.ndarray]:
+        return tuple_law(q, k, replacement=replacement)
+
+    def _draw_drafts(self, q: np.ndarray, k: int, replacement: bool,
+                     rng: np.random.Generator) -> np.ndarray:
+        return sample_tuple(q, k, replacement, rng)
+
     def _acceptance(self, p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> float:
         raise NotImplementedError
 

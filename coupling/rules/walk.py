@@ -30,9 +30,10 @@ coin per draft, then the emitted-token draw).
 Exact law of one call
 ---------------------
 :func:`walk_outcomes` enumerates the walk's outcomes on two language models: at a prefix with
-``m`` survivors, the rule's exact joint law ``J[t, y]`` over survivor tuples ``t`` and outputs
-``y`` (:meth:`Rule.joint`) says how much mass continues with the ``c(t, y) = #{j : t_j = y}``
-branches that drafted ``y``, and how much stops there. With one survivor only the diagonal of
+``m`` survivors, the rule's exact joint law ``J[t, y]`` over survivor tuples ``t`` (of its
+draft law, :meth:`Rule.draft_law`) and outputs ``y`` (:meth:`Rule.joint`) says how much mass
+continues with the ``c(t, y) = #{j : t_j = y}`` branches that drafted ``y``, and how much
+stops there. With one survivor only the diagonal of
 ``J`` and its column sums matter (:meth:`Rule.chain_step`), so chains cost ``O(V^g)`` whatever
 the rule.
 """
@@ -120,9 +121,7 @@ def _step_law(rule, p: np.ndarray, q: np.ndarray, m: int, replacement: bool):
     if m == 1:
         c, stop = rule.chain_step(p, q)
         return {(int(y), 1): c[y] for y in np.flatnonzero(c != 0)}, stop
-    from ..dist import tuple_law
-
-    tuples, _ = tuple_law(q, m, replacement=replacement)
+    tuples, _ = rule.draft_law(q, m, replacement=replacement)
     J = rule.joint(p, q, m, replacement=replacement)
     counts = (tuples[:, :, None] == np.arange(p.size)).sum(1)          # [T, V]
     stay: dict = {}

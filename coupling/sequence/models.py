@@ -453,19 +453,22 @@ def _inverse_cdf(law: np.ndarray, u: float) -> int:
 
 
 def draft_tree(target: Callable, draft: Callable, gamma: int, rng: np.random.Generator,
-               context: tuple[int, ...], *, k: int = 1, replacement: bool = True):
+               context: tuple[int, ...], *, k: int = 1, replacement: bool = True,
+               roots: Sequence[int] | None = None):
     """Draft ``k`` branches of ``gamma`` tokens from validated, memoised models: i.i.d.
     branches, or ``k`` distinct first tokens (successive sampling) each continued as a chain.
+    ``roots`` (``[k]``) gives the first tokens instead, drawn by the caller from a rule's own
+    draft law (:meth:`coupling.rules.base.Rule.draw_drafts`).
     Returns float64 ``(drafts [k, gamma], p [k, gamma + 1, V], q [k, gamma, V])``."""
     rows = []
     first: list[int] = []
-    for _ in range(k):
+    for j in range(k):
         q0 = np.asarray(draft(context), dtype=np.float64)
         if not replacement and first:
             q0 = q0.copy()
             q0[first] = 0.0
             q0 = q0 / q0.sum()
-        xs = [_inverse_cdf(q0, float(rng.random()))]
+        xs = [_inverse_cdf(q0, float(rng.random())) if roots is None else int(roots[j])]
         first.append(xs[0])
         qs = [np.asarray(draft(context), dtype=np.float64)]
         for _ in range(1, gamma):

@@ -1,0 +1,98 @@
+"""``spechub``'s batched torch twin: the hub pair's staged plan at the root of the draft tree.
+
+At the root the two branches start with a hub pair (:mod:`coupling.rules.spechub`): one first
+token is the hub ``a = argmax q`` (ties: the smaller id), the other a token ``i``. The staged
+plan's quantities (``c``, ``p'``, ``L_1``, ``L_2``, ``p'_a`` and the residual) are computed for
+``[B]`` rows at once in float64, and the numpy core's tests run on them: ``i`` with its own
+coin, then the hub with the other coin, then the residual draw. The drafts are distinct, so
+every later offset has one survivor, judged by the token rule.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...torch_backend.common import Verdict, check_inputs, sample_rows
+from ...torch_backend.tree import first_true, verify_tree
+
+__all__ = ["verify", "step", "check_hub_roots"]
+
+
+def _hub_pair(p, q, x, coins, u):
+    """The staged plan on rows whose two survivors ``x [R, 2]`` form a hub pair."""
+    R = x.shape[0]
+    rows = torch.arange(R, device=x.device)
+    a = q.argmax(-1)                                               # [R] hub, first maximum
+    off = torch.ones_like(q, dtype=torch.bool)
+    off[rows, a] = False
+    qoff = torch.where(off, q, 0.0)
+    qa = q[rows, a].unsqueeze(1)
+    c = torch.where(off, qa * (q / qoff.sum(-1, keepdim=True)), 0.0)
+    p1 = torch.where(off, (p - q).clamp(min=0.0), 0.0)
+    L1 = torch.where(off, (q - p).clamp(min=0.0), 0.0).sum(-1)
+    L2 = (c - p1).clamp(min=0.0).sum(-1)
+    pa = p[rows, a]
+    pa1 = (pa - L2).clamp(min=0.0)
+    pp = (p1 - c).clamp(min=0.0)
+    pp[rows, a] = (pa1 - L1).clamp(min=0.0)
+    hub_second = x[:, 1] == a
+    i = torch.where(hub_second, x[:, 0], x[:, 1])                  # the non-hub draft
+    c_i, c_h = (torch.where(hub_second, coins[:, 0], coins[:, 1]),
+                torch.where(hub_second, coins[:, 1], coins[:, 0]))
+    take_i = torch.where(hub_second, c_i * q[rows, i] < p[rows, i], c_i * c[rows, i] < p1[rows, i])
+    take_a = torch.where(hub_second, c_h * L1 < pa1, c_h * L2 < pa)
+    resid = sample_rows(pp, u, fallback=p)
+    return torch.where(take_i, i, torch.where(take_a, a, resid))
+
+
+def step(p_i, q_i, x, alive, coins, u, i, act):
+    """The single-step rule on the unfinished rows (:data:`coupling.torch_backend.tree.StepFn`):
+    a hub pair at the root, the token rule for a lone survivor."""
+    B = x.shape[0]
+    rows = torch.arange(B, device=x.device)
+    p, q = p_i.to(torch.float64), q_i.to(torch.float64)
+    j = first_true(alive)
+    xs = x[rows, j]
+    accept = coins[rows, j] * q[rows, xs] < p[rows, xs]
+    res = (p - q).clamp(min=0.0)
+    y = torch.where(accept | (res.sum(-1) <= 0), xs, sample_rows(res, u, fallback=p))
+    pair = torch.nonzero(alive.sum(-1) == 2).squeeze(1)
+    if pair.numel():
+        y[pair] = _hub_pair(p[pair], q[pair], x[pair], coins[pair], u[pair])
+    return y
+
+
+def check_hub_roots(drafts: torch.Tensor, q: torch.Tensor) -> None:
+    """``ValueError`` unless exactly one of every request's two first tokens is the hub of its
+    root draft law (``drafts [B, 2, g]``, ``q [B, 2, g, V]``, ``g >= 1``)."""
+    a = q[:, 0, 0].argmax(-1)
+    is_hub = drafts[:, :, 0] == a.unsqueeze(1)
+    bad = is_hub.sum(-1) != 1
+    if bool(bad.any()):
+        b = int(torch.nonzero(bad)[0])
+        raise ValueError(f"request {b}: first tokens {drafts[b, :, 0].tolist()} are no hub "
+                         f"pair: exactly one must be the hub {int(a[b])} (the likeliest token "
+                         "of q, ties by smaller id)")
+
+
+def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
+           seeds: torch.Tensor | int, positions: torch.Tensor | int,
+           replacement: bool = True, accept_u: torch.Tensor | None = None,
+           sample_u: torch.Tensor | None = None, validate: bool = True,
+           atol: float | None = None) -> Verdict:
+    """SpecHub over draft trees of ``k <= 2`` branches, batched (arguments as
+    :func:`coupling.rules.rrs.torch.verify`). Two branches must start with a hub pair, distinct:
+    ``replacement=False`` (``True`` is refused for ``k = 2``, as by the numpy core)."""
+    drafts, p, q, seeds, positions = check_inputs(drafts, p, q, seeds, positions,
+                                                  validate=validate, atol=atol, rule="spechub")
+    if drafts.shape[1] > 2:
+        raise ValueError(f"spechub verifies k <= 2 draft branches (a hub pair), got "
+                         f"k={drafts.shape[1]}")
+    if drafts.shape[1] == 2:
+        if replacement:
+            raise ValueError("spechub drafts are distinct (the hub and one other token): pass "
+                             "replacement=False")
+        if validate and drafts.shape[2] > 0:
+            check_hub_roots(drafts, q)
+    return verify_tree(step, drafts, p, q, seeds, positions, replacement=False, validate=False,
+                       atol=atol, accept_u=accept_u, sample_u=sample_u, rule="spechub")

@@ -1,0 +1,90 @@
+"""``spechub``'s batched torch twin (:mod:`coupling.rules.spechub.torch`) against its numpy core
+and its exact law.
+
+* parity: on trees whose first tokens are hub pairs, the twin fed the numpy core's uniforms
+  (explicit, or keyed by (seed, position)) decides exactly as ``RULES["spechub"].verify_block``,
+  also on degenerate hypothesis laws; with one branch it is the token twin, coin for coin;
+* exact single-step law: over 100k keyed draws the (hub pair, output) frequencies match
+  ``RULES["spechub"].joint`` and the acceptance rate its closed form; a twin that skips the hub
+  stage must fail (chi-square at ALPHA = 1e-4, fixed seeds);
+* batch invariance; the validation of hub pairs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from coupling import RULES
+from coupling.rules.spechub.torch import step, verify
+
+from .multidraft_helpers import (
+    ALPHA,
+    broken_twin,
+    check_batch_invariance,
+    check_degenerate_parity,
+    check_k1_is_token,
+    check_parity,
+    check_single_step_law,
+    chi2_pvalue,
+    own_law_trees,
+    random_pq,
+    single_step_counts,
+)
+
+HUB = RULES["spechub"]
+
+
+def test_twin_decides_like_the_numpy_core():
+    trees = own_law_trees(HUB, np.random.default_rng(61), 300, False, kmax=2)
+    check_parity(HUB, trees, replacement=False)
+
+
+@settings(max_examples=80, deadline=None)
+@given(V=st.integers(2, 6), g=st.integers(1, 3), data=st.data())
+def test_twin_decides_like_the_core_on_degenerate_laws(V, g, data):
+    check_degenerate_parity(HUB, data, V, g, 2, False)
+
+
+def test_k1_is_token_coin_for_coin():
+    check_k1_is_token(HUB)
+
+
+def test_batch_invariance():
+    check_batch_invariance(HUB, 2, False)
+
+
+@pytest.mark.parametrize("V", [3, 5])
+def test_single_step_joint_law(V):
+    p, q = random_pq(np.random.default_rng(12), V, 0.8)
+    check_single_step_law(HUB, p, q, 2, False)
+
+
+def _no_hub_stage(p_i, q_i, x, alive, coins, u, i, act):
+    """Broken on purpose: the non-hub draft alone, by the token rule (no hub stage, no plan)."""
+    a = q_i.argmax(-1, keepdim=True)
+    keep = alive & (x != a)
+    return step(p_i, q_i, x, keep, coins, u, i, act)
+
+
+def test_single_step_joint_negative_control():
+    p, q = random_pq(np.random.default_rng(12), 4, 0.8)
+    counts, J, _ = single_step_counts(broken_twin(_no_hub_stage), HUB, p, q, 2, False,
+                                      100_000, seed=3)
+    assert chi2_pvalue(counts, J) < ALPHA
+
+
+def test_refuses_what_is_not_a_hub_tree():
+    q = torch.tensor([0.1, 0.2, 0.3, 0.4], dtype=torch.float64)
+    P = torch.full((1, 2, 2, 4), 0.25, dtype=torch.float64)
+    Q = q.expand(1, 2, 1, 4)
+    with pytest.raises(ValueError, match="no hub pair"):
+        verify(torch.tensor([[[2], [1]]]), P, Q, seeds=0, positions=0, replacement=False)
+    with pytest.raises(ValueError, match="replacement=False"):
+        verify(torch.tensor([[[3], [2]]]), P, Q, seeds=0, positions=0)
+    with pytest.raises(ValueError, match="k <= 2"):
+        verify(torch.tensor([[[3], [2], [1]]]), P[:, :1].expand(1, 3, 2, 4),
+               q.expand(1, 3, 1, 4), seeds=0, positions=0, replacement=False)
