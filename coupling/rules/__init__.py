@@ -15,6 +15,8 @@ rrs        recursive rejection sampling (SpecInfer; Yang; Jeon 2024)      k >= 1
 optimal    LP-optimal verification (min-cut value; plan through the cut)  k >= 1, both
 gumbel     shared-Gumbel drafter-invariant coupling (Daliri et al. 2024)  k = 1
 minhash    weighted-MinHash drafter-invariant coupling (Daliri et al.)    k = 1
+traversal  traversal verification of a draft tree (Weng et al. 2025)      k >= 1, both
+gbv        greedy multi-path block verification (Thomas & Pal 2026)       k >= 1, i.i.d.
 =========  =============================================================  ==================
 
 A rule's folder holds its math (module docstring), closed-form acceptance, exact law,
@@ -28,6 +30,8 @@ from __future__ import annotations
 from .base import Rule
 from .block import PLAIN_RESIDUAL
 from .block import RULE as BLOCK
+from .gbv import RULE as GBV
+from .gbv import GBVControl
 from .gumbel import EMIT_DRAFT
 from .gumbel import RULE as GUMBEL
 from .kseq import RULE as KSEQ
@@ -36,11 +40,16 @@ from .optimal import RULE as OPTIMAL
 from .rrs import RULE as RRS
 from .token import NO_RESIDUAL
 from .token import RULE as TOKEN
+from .traversal import RULE as TRAVERSAL
+from .traversal import TraversalControl
 
-RULES: dict[str, Rule] = {r.name: r for r in (TOKEN, BLOCK, KSEQ, RRS, OPTIMAL, GUMBEL, MINHASH)}
-#: deliberately broken rules, for the harnesses' negative controls
-NEGATIVE_CONTROLS: dict[str, Rule] = {r.name: r for r in (NO_RESIDUAL, PLAIN_RESIDUAL,
-                                                          EMIT_DRAFT)}
+RULES: dict[str, Rule] = {r.name: r for r in (TOKEN, BLOCK, KSEQ, RRS, OPTIMAL, GUMBEL, MINHASH,
+                                               TRAVERSAL, GBV)}
+#: deliberately broken rules, for the harnesses' negative controls (the tree rules' subtler
+#: controls, lossy only on dedicated instances, live in their tests)
+NEGATIVE_CONTROLS: dict[str, Rule] = {r.name: r for r in (
+    NO_RESIDUAL, PLAIN_RESIDUAL, EMIT_DRAFT, TraversalControl("plain_residual"),
+    TraversalControl("sibling_weight"), GBVControl("unskewed"))}
 
 
 def get_rule(rule: str | Rule, *, controls: bool = False) -> Rule:
