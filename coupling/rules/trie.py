@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
@@ -188,8 +189,13 @@ class TreeRule(Rule):
         """Yield ``(emitted, accepted, probability)`` over every draft tree and outcome."""
         k, replacement = self.require(k, replacement)
         V = target(context).size
-        if V ** (gamma * k) > MAX_TREES:
-            raise ValueError(f"exact enumeration needs (V**gamma)**k = ({V}**{gamma})**{k} "
+        if not replacement and np.count_nonzero(draft(context)) < k:
+            raise ValueError(f"cannot draw k={k} distinct first tokens after {context}: the "
+                             f"draft gives positive probability to "
+                             f"{np.count_nonzero(draft(context))}; lower k or use "
+                             "replacement=True")
+        if gamma * k * math.log(V) > math.log(MAX_TREES):
+            raise ValueError(f"exact enumeration needs up to (V**gamma)**k = ({V}**{gamma})**{k} "
                              f"ordered draft trees, above {MAX_TREES}; lower k, gamma or the "
                              "vocabulary size")
         return self._outcomes(target, draft, gamma, context, k, replacement)

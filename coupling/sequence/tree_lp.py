@@ -98,18 +98,35 @@ class TreeVerifierLP:
 
 def _setup(target, draft, gamma, k, replacement, context):
     """Validated inputs: ``(T, chains, V, gamma, k, replacement, ctx)``; ``chains`` lists
-    ``(path, Q(path), q(first token))`` in float."""
+    ``(path, Q(path), q(first token))`` in float. ``ValueError`` before any work if the LP
+    would exceed :data:`MAX_LP_VARIABLES`."""
     gamma, k = check_length(gamma), validate_k(k)
     replacement = validate_replacement(replacement)
     T, D, ctx = check_models(target, draft, context)
     V = T(ctx).size
-    chains = [(tuple(int(t) for t in x), float(qx), float(Q[0][x[0]]))
-              for x, qx, _, Q in path_laws(T, D, gamma, context=ctx)]
+    _check_size((gamma + 1) * math.log(V), V, gamma, k)        # the emitted strings alone
     if not replacement and np.count_nonzero(D(ctx)) < k:
         raise ValueError(f"cannot draw k={k} distinct first tokens: the draft gives positive "
                          f"probability to {np.count_nonzero(D(ctx))} token(s); lower k or use "
                          "replacement=True")
+    chains = [(tuple(int(t) for t in x), float(qx), float(Q[0][x[0]]))
+              for x, qx, _, Q in path_laws(T, D, gamma, context=ctx)]
+    N = len(chains)
+    sets = _log_comb(N + k - 1, k) if replacement else _log_comb(N, k)
+    _check_size(sets + math.log((k * gamma + 1) * V), V, gamma, k)
     return T, chains, V, gamma, k, replacement, ctx
+
+
+def _log_comb(n: int, k: int) -> float:
+    return math.lgamma(n + 1) - math.lgamma(k + 1) - math.lgamma(n - k + 1)
+
+
+def _check_size(log_n: float, V: int, gamma: int, k: int) -> None:
+    """``ValueError`` naming the arguments if about ``exp(log_n)`` variables are too many."""
+    if log_n > math.log(MAX_LP_VARIABLES):
+        raise ValueError(f"the tree LP for V={V}, gamma={gamma}, k={k} is too large (about "
+                         f"e**{log_n:.1f} variables, above {MAX_LP_VARIABLES}); it is meant "
+                         "for tiny instances: lower k, gamma or the vocabulary size")
 
 
 def _trees(chains: list, k: int, replacement: bool):
@@ -162,20 +179,12 @@ def _lossless_rows(T: ModelCache, ctx, V: int, gamma: int, u_index: dict, row0: 
     return rows, cols, vals, [v / total for v in b]
 
 
-def _check_size(n: int, V: int, gamma: int, k: int) -> None:
-    if n > MAX_LP_VARIABLES:
-        raise ValueError(f"the tree LP for V={V}, gamma={gamma}, k={k} has about {n} "
-                         f"variables, above {MAX_LP_VARIABLES}; lower k, gamma or V")
-
-
 def tree_verifier_lp(target: LanguageModel, draft: LanguageModel, gamma: int, k: int, *,
                      replacement: bool = True, context: Sequence[int] = ()) -> TreeVerifierLP:
     """Build the LP over every lossless verifier of a ``k``-path draft tree that knows both
     models (module doc); tiny ``V``, ``gamma``, ``k`` only (:data:`MAX_LP_VARIABLES`)."""
     T, chains, V, gamma, k, replacement, ctx = _setup(target, draft, gamma, k, replacement,
                                                       context)
-    n_sets = math.comb(len(chains) + k - 1, k) if replacement else math.comb(len(chains), k)
-    _check_size(n_sets * (k * gamma + 1) * V, V, gamma, k)
     strings = _strings(V, gamma)
     u_index = {u: i for i, u in enumerate(strings)}
     trees = list(_trees(chains, k, replacement))
