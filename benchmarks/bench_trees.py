@@ -17,7 +17,7 @@ multi-path verifier LP solved by HiGHS with a certificate), not sampled.
 4. Recorded calls: :func:`recorded_tokens` turns recorded draft trees (drafts, p, q) into each
    rule's tokens per call, the exact expectation given each tree. It is the hook for the
    real-model sweep (an engine that drafts trees records them); here it runs on trees drafted
-   from a TabularLM pair and is compared with the exact value of section 3.
+   from the sweep's first TabularLM pair and is compared with that pair's exact value.
 
     .venv/bin/python benchmarks/bench_trees.py [--quick]
 """
@@ -106,9 +106,8 @@ def losses_table(n: int) -> None:
     print()
 
 
-def sweep(pairs: int, max_trees: int) -> dict:
+def sweep(pairs: int, max_trees: int) -> None:
     """Mean exact block efficiency per (V, gamma, k) and rule over ``pairs`` seeded pairs."""
-    out: dict = {}
     print("| V | gamma | k | " + " | ".join(SWEEP_RULES) + " | best |")
     print("|---" * (len(SWEEP_RULES) + 4) + "|")
     for V in (2, 3):
@@ -120,13 +119,11 @@ def sweep(pairs: int, max_trees: int) -> dict:
                     continue
                 values = {r: np.mean([accepted(r, *pair(V, 7000 + s), g, k) + 1
                                       for s in range(pairs)]) for r in SWEEP_RULES}
-                out[V, g, k] = values
                 top = max(values.values())
                 best = " = ".join(r for r in SWEEP_RULES if values[r] > top - 1e-9)
                 print(f"| {V} | {g} | {k} | " + " | ".join(f"{values[r]:.4f}" for r in
                                                           SWEEP_RULES) + f" | {best} |")
     print()
-    return out
 
 
 def recorded_tokens(rule, calls: Iterable[tuple[np.ndarray, np.ndarray, np.ndarray]], *,
@@ -154,7 +151,7 @@ def drafted_calls(V: int, gamma: int, k: int, n: int, seed: int):
         yield draft_tree(T, D, gamma, rng, ctx, k=k)
 
 
-def recorded_table(exact: dict, n: int) -> None:
+def recorded_table(n: int) -> None:
     print(f"| V | gamma | k | rule | exact | mean over {n} drafted trees | z |")
     print("|---|---|---|---|---|---|---|")
     for V, g, k in ((2, 3, 2), (3, 2, 3)):
@@ -178,9 +175,9 @@ def main() -> None:
     print("## 2. Against single-path block verification, random pairs (count of pairs)\n")
     losses_table(6 if args.quick else 30)
     print("## 3. Block efficiency E[tau] + 1, mean over seeded pairs, i.i.d. paths\n")
-    exact = sweep(1 if args.quick else 3, 5_000 if args.quick else 70_000)
+    sweep(1 if args.quick else 3, 5_000 if args.quick else 70_000)
     print("## 4. Recorded trees: the exact tokens per call given each tree, averaged\n")
-    recorded_table(exact, 500 if args.quick else 4000)
+    recorded_table(500 if args.quick else 4000)
 
 
 if __name__ == "__main__":

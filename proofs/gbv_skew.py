@@ -34,7 +34,7 @@ import sys
 from fractions import Fraction
 
 import numpy as np
-from _block_common import rational_lm
+from _tree_common import tree_cases
 
 from coupling.rules import gbv
 from coupling.rules.trie import draft_trees
@@ -74,25 +74,16 @@ def check(t, d, gamma: int, k: int, rank: str, control=None) -> bool:
 
 
 def main() -> int:
-    checked, n = 0, 0
+    checked = 0
     control_fails = False
-    for V in (2, 3):
-        for gamma in (1, 2, 3):
-            for k in (1, 2, 3):
-                if V ** (gamma * k) > 729:
-                    continue
-                for order in (0, 1, 2):
-                    n += 1
-                    t = rational_lm(V, order, seed=6000 + n, denom=4, zeros=order == 1)
-                    d = rational_lm(V, order, seed=6500 + n, denom=4, zeros=order == 1)
-                    for rank in gbv.RANKS:
-                        if not check(t, d, gamma, k, rank):
-                            print(f"skew differs: V={V} gamma={gamma} k={k} rank={rank} "
-                                  f"{t.describe}")
-                            return 1
-                        checked += 1
-                    if k > 1 and not control_fails:
-                        control_fails = not check(t, d, gamma, k, "capped", "first_child_ties")
+    for V, gamma, k, t, d, _ in tree_cases((1, 2, 3), 6000, denom=4):
+        for rank in gbv.RANKS:
+            if not check(t, d, gamma, k, rank):
+                print(f"skew differs: V={V} gamma={gamma} k={k} rank={rank} {t.describe}")
+                return 1
+            checked += 1
+        if k > 1 and not control_fails:
+            control_fails = not check(t, d, gamma, k, "capped", "first_child_ties")
     print(f"{checked} (models, gamma, k, rank) cases: the law of the greedily selected path is "
           "prod q*, and q* is the closed form, exactly")
     if not control_fails:

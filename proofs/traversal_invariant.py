@@ -37,7 +37,7 @@ import sys
 from fractions import Fraction
 
 import numpy as np
-from _block_common import rational_lm
+from _tree_common import tree_cases
 
 from coupling import expected_accepted
 from coupling.rules import block, traversal
@@ -75,31 +75,20 @@ def invariant_holds(t, d, gamma: int, k: int, replacement: bool, control=None) -
 
 
 def main() -> int:
-    checked, n = 0, 0
+    checked = 0
     control_fails = False
-    for V in (2, 3):
-        for gamma in (1, 2, 3):
-            for k in (2, 3):
-                if V ** (gamma * k) > 729:
-                    continue
-                for order in (0, 1, 2):
-                    n += 1
-                    t = rational_lm(V, order, seed=4000 + n, zeros=order == 1)
-                    d = rational_lm(V, order, seed=4500 + n, zeros=order == 1)
-                    for rep in (True, False) if k <= V and order != 1 else (True,):
-                        if not invariant_holds(t, d, gamma, k, rep):
-                            print(f"invariant fails: V={V} gamma={gamma} k={k} rep={rep} "
-                                  f"{t.describe}")
-                            return 1
-                        trav = expected_accepted("traversal", t, d, gamma, k=k,
-                                                 replacement=rep)
-                        if trav < expected_accepted("block", t, d, gamma):
-                            print(f"traversal below block: V={V} gamma={gamma} k={k}")
-                            return 1
-                        checked += 1
-                        if gamma == 2 and not control_fails:
-                            control_fails = not invariant_holds(t, d, gamma, k, rep,
-                                                                "plain_residual")
+    for V, gamma, k, t, d, zeros in tree_cases((2, 3), 4000):
+        for rep in (True, False) if k <= V and not zeros else (True,):
+            if not invariant_holds(t, d, gamma, k, rep):
+                print(f"invariant fails: V={V} gamma={gamma} k={k} rep={rep} {t.describe}")
+                return 1
+            if expected_accepted("traversal", t, d, gamma, k=k, replacement=rep) \
+                    < expected_accepted("block", t, d, gamma):
+                print(f"traversal below block: V={V} gamma={gamma} k={k}")
+                return 1
+            checked += 1
+            if gamma == 2 and not control_fails:
+                control_fails = not invariant_holds(t, d, gamma, k, rep, "plain_residual")
     print(f"{checked} (models, gamma, k, draft model) cases: the first path's node invariant "
           "holds exactly at every depth, and traversal >= block of the first path")
     if not control_fails:

@@ -31,7 +31,8 @@ from __future__ import annotations
 import sys
 
 import numpy as np
-from _block_common import constant_lm, rational_lm
+from _block_common import constant_lm
+from _tree_common import tree_cases
 
 from coupling import stream_law, target_law
 from coupling.rules.gbv import CONTROLS as GBV_CONTROLS
@@ -40,19 +41,6 @@ from coupling.rules.traversal import CONTROLS as TRAVERSAL_CONTROLS
 from coupling.rules.traversal import Traversal, TraversalControl
 
 L = 3
-
-
-def cases():
-    """``(V, gamma, k, order, zeros, seed)`` of every instance."""
-    n = 0
-    for V in (2, 3):
-        for gamma in (1, 2, 3):
-            for k in (2, 3):
-                if V ** (gamma * k) > 729:
-                    continue
-                for order in (0, 1, 2):
-                    n += 1
-                    yield V, gamma, k, order, order == 1, 700 + n
 
 
 def rules_for(replacement_ok: bool):
@@ -67,9 +55,7 @@ def main() -> int:
     lossy = set()
     controls = [TraversalControl(c) for c in TRAVERSAL_CONTROLS] + \
         [GBVControl(c) for c in GBV_CONTROLS]
-    for V, gamma, k, order, zeros, seed in cases():
-        t = rational_lm(V, order, seed=seed, denom=5, zeros=zeros)
-        d = rational_lm(V, order, seed=seed + 50, denom=5, zeros=zeros)
+    for V, gamma, k, t, d, zeros in tree_cases((2, 3), 700, denom=5):
         want = target_law(t, L)
         for rule, rep in rules_for(not zeros and k <= V):
             got = stream_law(rule, t, d, gamma, L, k=k, replacement=rep)

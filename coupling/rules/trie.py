@@ -41,13 +41,14 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import ClassVar
 
 import numpy as np
 
 from .base import Rule
 
 __all__ = ["Trie", "build_trie", "draft_trees", "unit_of", "TreeLaw", "TreeRule",
-           "MAX_TREES"]
+           "NegativeControl", "MAX_TREES"]
 
 #: Largest number of ordered draft trees an exact enumeration may visit (``V**(gamma k)``).
 MAX_TREES = 2_000_000
@@ -224,3 +225,23 @@ class TreeRule(Rule):
     def expected_tokens(self, beta: list[float]) -> float:
         r""":math:`1 + \sum_i P(\tau \ge i \mid \text{tree})` from :meth:`predict`."""
         return 1.0 + float(sum(beta))
+
+
+class NegativeControl:
+    """Mixin for a deliberately broken variant of a tree rule (listed first among the bases):
+    the harnesses must flag it. ``controls`` maps each mistake's name to what it does."""
+
+    lossless = False
+    bound_text = "(broken on purpose: output law != p)"
+    controls: ClassVar[dict[str, str]] = {}
+
+    def _break(self, control: str) -> None:
+        if control not in self.controls:
+            raise ValueError(f"control must be one of {sorted(self.controls)}, got {control!r}")
+        self.control = control
+        self.title = f"broken on purpose: {self.name} where {self.controls[control]}"
+        self.name = f"{self.name}_{control}"
+
+    @property
+    def torch(self):
+        raise ValueError(f"the negative control {self.name} has no torch twin")

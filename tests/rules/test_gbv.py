@@ -6,7 +6,6 @@ from fractions import Fraction
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from coupling import (
     RULES,
@@ -20,6 +19,7 @@ from coupling import (
 from coupling.rules import gbv
 from coupling.rules.gbv import GBV, GBVControl
 from coupling.rules.trie import draft_trees
+from tests.rules.tree_twins import sampled_core_pvalues
 from tests.strategies import drafted_trees, model_pair, rational_lm
 
 GBV_RULE = RULES["gbv"]
@@ -159,28 +159,9 @@ def test_the_core_samples_its_exact_law():
     chi-square, false-positive rate 1e-3 (fixed seed); the same counts reject the law of the
     unskewed control."""
     t, d = model_pair(3, 1, 31, 1.0)
-    trees = list(draft_trees(t, d, 2, 3))
-    probs = np.array([float(pr) for _, pr, _, _ in trees])
-    laws: list[dict] = [{}, {}]
-    for rule, out in zip((GBV_RULE, GBVControl("unskewed")), laws, strict=True):
-        for u, _, pr in rule.outcomes(t, d, 2, (), k=3):
-            out[u] = out.get(u, 0.0) + float(pr)
-    rng = np.random.default_rng(8)
-    counts: dict = {}
-    n = 20_000
-    for i in rng.choice(len(trees), size=n, p=probs / probs.sum()):
-        x, _, P, Q = trees[i]
-        tau, b, y = GBV_RULE.verify_block(x, P, Q, rng.random((2, 3)), rng.random(3))
-        key = tuple(int(v) for v in x[b, :tau]) + (y,)
-        counts[key] = counts.get(key, 0) + 1
-    keys = sorted(set(laws[0]) | set(laws[1]))
-    obs = np.array([counts.get(u, 0) for u in keys], dtype=float)
-    for law, ok in zip(laws, (True, False), strict=True):
-        exp = np.array([law.get(u, 0.0) for u in keys]) * n
-        keep = exp > 0
-        assert obs[~keep].sum() == 0 or not ok
-        pvalue = stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue
-        assert (pvalue > 1e-3) if ok else (pvalue < 1e-6)
+    ok, broken = sampled_core_pvalues(GBV_RULE, [GBV_RULE, GBVControl("unskewed")], t, d, 2, 3,
+                                      seed=8)
+    assert ok > 1e-3 and broken < 1e-6
 
 
 def test_ranks_and_draft_models_are_checked():

@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from scipy import stats
 
 from coupling import (
     RULES,
@@ -23,6 +22,7 @@ from coupling.rules import traversal
 from coupling.rules.traversal import TraversalControl
 from coupling.rules.trie import draft_trees
 from coupling.sequence import path_law
+from tests.rules.tree_twins import sampled_core_pvalues
 from tests.strategies import drafted_trees, model_pair, rational_lm
 
 TRAVERSAL = RULES["traversal"]
@@ -164,27 +164,9 @@ def test_the_core_samples_its_exact_law():
     chi-square, false-positive rate 1e-3 (fixed seed); the same counts reject the law of the
     plain-residual control."""
     t, d = model_pair(3, 1, 31, 1.0)
-    trees = list(draft_trees(t, d, 2, 2))
-    probs = np.array([float(pr) for _, pr, _, _ in trees])
-    exact_law: dict = {}
-    broken_law: dict = {}
-    for rule, out in ((TRAVERSAL, exact_law), (TraversalControl("plain_residual"), broken_law)):
-        for u, _, pr in rule.outcomes(t, d, 2, (), k=2):
-            out[u] = out.get(u, 0.0) + float(pr)
-    rng = np.random.default_rng(7)
-    counts: dict = {}
-    n = 20_000
-    for i in rng.choice(len(trees), size=n, p=probs / probs.sum()):
-        x, _, P, Q = trees[i]
-        tau, b, y = TRAVERSAL.verify_block(x, P, Q, rng.random((2, 2)), rng.random(3))
-        key = tuple(int(v) for v in x[b, :tau]) + (y,)
-        counts[key] = counts.get(key, 0) + 1
-    keys = sorted(exact_law)
-    obs = np.array([counts.get(u, 0) for u in keys], dtype=float)
-    for law, ok in ((exact_law, True), (broken_law, False)):
-        exp = np.array([law.get(u, 0.0) for u in keys]) * n
-        pvalue = stats.chisquare(obs, exp * obs.sum() / exp.sum()).pvalue
-        assert (pvalue > 1e-3) if ok else (pvalue < 1e-6)
+    references = [TRAVERSAL, TraversalControl("plain_residual")]
+    ok, broken = sampled_core_pvalues(TRAVERSAL, references, t, d, 2, 2, seed=7)
+    assert ok > 1e-3 and broken < 1e-6
 
 
 def test_the_schedule_ends_at_the_root_and_its_law_sums_to_one():

@@ -11,7 +11,12 @@ from coupling import RULES
 from coupling.rules import traversal
 from coupling.rules.traversal import TraversalControl
 from coupling.rules.traversal.torch import slots
-from tests.rules.tree_twins import keyed_uniforms, numpy_verdicts, outcome_pvalue, twin_verdicts
+from tests.rules.tree_twins import (
+    assert_keyed_and_batch_invariant,
+    numpy_verdicts,
+    outcome_pvalue,
+    twin_verdicts,
+)
 from tests.strategies import drafted_trees
 
 TRAVERSAL = RULES["traversal"]
@@ -38,21 +43,7 @@ def test_same_uniforms_same_decisions_as_numpy(V, gamma, k, rep, conc, sparse):
 
 
 def test_keyed_uniforms_are_the_numpy_cores_and_batch_invariant():
-    """A request's verdict is a function of its own (seed, position): equal to the numpy core
-    fed coupling.keyed.call_uniforms, alone or in any batch, in any order."""
-    drafts, P, Q = drafted_trees(3, 3, 3, 64, seed=4)
-    seeds, positions = np.arange(64) * 7 + 1, np.arange(64) + 100
-    coins, u = keyed_uniforms(seeds, positions, 3, 3)
-    want = numpy_verdicts(TRAVERSAL, drafts, P, Q, coins, u)
-    assert twin_verdicts(TRAVERSAL, drafts, P, Q, seeds=torch.tensor(seeds),
-                         positions=torch.tensor(positions)) == want
-    perm = np.random.default_rng(0).permutation(64)
-    got = twin_verdicts(TRAVERSAL, drafts[perm], P[perm], Q[perm],
-                        seeds=torch.tensor(seeds[perm]), positions=torch.tensor(positions[perm]))
-    assert got == [want[i] for i in perm]
-    for b in (0, 17, 63):
-        assert twin_verdicts(TRAVERSAL, drafts[b:b + 1], P[b:b + 1], Q[b:b + 1],
-                             seeds=int(seeds[b]), positions=int(positions[b])) == [want[b]]
+    assert_keyed_and_batch_invariant(TRAVERSAL)
 
 
 def test_one_path_is_the_block_twin_coin_for_coin():

@@ -1,5 +1,6 @@
-"""What the tree rules' twin tests share: the numpy core and the batched twin run on the same
-drafted trees and uniforms, and the law of a twin's outcomes on one tree."""
+"""What the tree rules' tests share: the numpy core and the batched twin run on the same drafted
+trees and uniforms, keyed-uniform and batch invariance, and chi-square tests of sampled
+outcomes against exact laws."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from scipy import stats
 
 from coupling.keyed import call_uniforms
 from coupling.rules.base import Rule
+from coupling.rules.trie import draft_trees
+from tests.strategies import drafted_trees
 
 
 def numpy_verdicts(rule: Rule, drafts, P, Q, coins, u, *, replacement: bool = True,
@@ -59,3 +62,52 @@ def outcome_pvalue(rule: Rule, law, drafts, P, Q, n: int, **kwargs) -> float:
         return 0.0
     keep = exp > 0
     return float(stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue)
+
+
+def assert_keyed_and_batch_invariant(rule: Rule) -> None:
+    """A request's verdict is a function of its own (seed, position): equal to the numpy core
+    fed coupling.keyed.call_uniforms, alone or in any batch, in any order."""
+    drafts, P, Q = drafted_trees(3, 3, 3, 64, seed=4)
+    seeds, positions = np.arange(64) * 7 + 1, np.arange(64) + 100
+    coins, u = keyed_uniforms(seeds, positions, 3, 3)
+    want = numpy_verdicts(rule, drafts, P, Q, coins, u)
+    assert twin_verdicts(rule, drafts, P, Q, seeds=torch.tensor(seeds),
+                         positions=torch.tensor(positions)) == want
+    perm = np.random.default_rng(0).permutation(64)
+    got = twin_verdicts(rule, drafts[perm], P[perm], Q[perm], seeds=torch.tensor(seeds[perm]),
+                        positions=torch.tensor(positions[perm]))
+    assert got == [want[i] for i in perm]
+    for b in (0, 17, 63):
+        assert twin_verdicts(rule, drafts[b:b + 1], P[b:b + 1], Q[b:b + 1], seeds=int(seeds[b]),
+                             positions=int(positions[b])) == [want[b]]
+
+
+def sampled_core_pvalues(rule: Rule, references: list[Rule], t, d, gamma: int, k: int, *,
+                         n: int = 20_000, seed: int = 7) -> list[float]:
+    """``rule.verify_block`` on ``n`` trees drafted from ``(t, d)`` with ``rng`` uniforms: the
+    chi-square p-value of its emitted outcomes against each reference rule's exact law of a
+    call (0 where it emits an outcome the law forbids)."""
+    trees = list(draft_trees(t, d, gamma, k))
+    probs = np.array([float(pr) for _, pr, _, _ in trees])
+    rng = np.random.default_rng(seed)
+    counts: dict = {}
+    for i in rng.choice(len(trees), size=n, p=probs / probs.sum()):
+        x, _, P, Q = trees[i]
+        tau, b, y = rule.verify_block(x, P, Q, rng.random((gamma, k)), rng.random(gamma + 1))
+        key = tuple(int(v) for v in x[b, :tau]) + (y,)
+        counts[key] = counts.get(key, 0) + 1
+    out = []
+    for ref in references:
+        law: dict = {}
+        for u, _, pr in ref.outcomes(t, d, gamma, (), k=k):
+            law[u] = law.get(u, 0.0) + float(pr)
+        keys = sorted(set(law) | set(counts))
+        obs = np.array([counts.get(c, 0) for c in keys], dtype=float)
+        exp = np.array([law.get(c, 0.0) for c in keys]) * n
+        keep = exp > 0
+        if obs[~keep].sum() > 0:
+            out.append(0.0)
+            continue
+        out.append(float(stats.chisquare(obs[keep],
+                                         exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue))
+    return out

@@ -85,7 +85,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import block
-from ..trie import TreeLaw, TreeRule, Trie, build_trie, unit_of
+from ..trie import NegativeControl, TreeLaw, TreeRule, Trie, build_trie, unit_of
 
 __all__ = ["RANKS", "CONTROLS", "rank_key", "rank_order", "skew", "select", "verify", "law",
            "GBV", "GBVControl", "RULE"]
@@ -212,23 +212,14 @@ class GBV(TreeRule):
         return f"<rule {self.name!r} (rank={self.rank!r}): {self.title}>"
 
 
-class GBVControl(GBV):
-    """A deliberately broken GBV (:data:`CONTROLS`): the harnesses must flag it."""
+class GBVControl(NegativeControl, GBV):
+    """A deliberately broken GBV (:data:`CONTROLS`)."""
 
-    lossless = False
-    bound_text = "(broken on purpose: output law != p)"
+    controls = CONTROLS
 
     def __init__(self, control: str):
-        if control not in CONTROLS:
-            raise ValueError(f"control must be one of {sorted(CONTROLS)}, got {control!r}")
         super().__init__()
-        self.control = control
-        self.name = f"gbv_{control}"
-        self.title = f"broken on purpose: GBV where {CONTROLS[control]}"
-
-    @property
-    def torch(self):
-        raise ValueError(f"the negative control {self.name} has no torch twin")
+        self._break(control)
 
 
 RULE = GBV()

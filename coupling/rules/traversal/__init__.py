@@ -98,7 +98,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..common import categorical
-from ..trie import TreeLaw, TreeRule, Trie, build_trie, unit_of
+from ..trie import NegativeControl, TreeLaw, TreeRule, Trie, build_trie, unit_of
 
 __all__ = ["Step", "schedule", "verify", "law", "Traversal", "TraversalControl", "RULE",
            "CONTROLS"]
@@ -243,22 +243,13 @@ class Traversal(TreeRule):
         return verify(drafts, p, q, coins, u, control=self.control)
 
 
-class TraversalControl(Traversal):
-    """A deliberately broken traversal (:data:`CONTROLS`): the harnesses must flag it."""
+class TraversalControl(NegativeControl, Traversal):
+    """A deliberately broken traversal (:data:`CONTROLS`)."""
 
-    lossless = False
-    bound_text = "(broken on purpose: output law != p)"
+    controls = CONTROLS
 
     def __init__(self, control: str):
-        if control not in CONTROLS:
-            raise ValueError(f"control must be one of {sorted(CONTROLS)}, got {control!r}")
-        self.control = control
-        self.name = f"traversal_{control}"
-        self.title = f"broken on purpose: traversal where {CONTROLS[control]}"
-
-    @property
-    def torch(self):
-        raise ValueError(f"the negative control {self.name} has no torch twin")
+        self._break(control)
 
 
 RULE = Traversal()
