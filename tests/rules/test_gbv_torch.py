@@ -11,6 +11,7 @@ from coupling import RULES
 from coupling.rules import gbv
 from coupling.rules.gbv import GBV, GBVControl
 from tests.rules.tree_twins import (
+    assert_cuda_matches_cpu,
     assert_keyed_and_batch_invariant,
     numpy_verdicts,
     outcome_pvalue,
@@ -48,6 +49,11 @@ def test_ties_are_broken_by_token_id_like_the_numpy_core():
 
 def test_keyed_uniforms_are_the_numpy_cores_and_batch_invariant():
     assert_keyed_and_batch_invariant(GBV_RULE)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_cpu():
+    assert_cuda_matches_cpu(GBV_RULE)
 
 
 def test_one_path_is_the_block_twin_coin_for_coin():

@@ -12,6 +12,7 @@ from coupling.rules import traversal
 from coupling.rules.traversal import TraversalControl
 from coupling.rules.traversal.torch import slots
 from tests.rules.tree_twins import (
+    assert_cuda_matches_cpu,
     assert_keyed_and_batch_invariant,
     numpy_verdicts,
     outcome_pvalue,
@@ -44,6 +45,11 @@ def test_same_uniforms_same_decisions_as_numpy(V, gamma, k, rep, conc, sparse):
 
 def test_keyed_uniforms_are_the_numpy_cores_and_batch_invariant():
     assert_keyed_and_batch_invariant(TRAVERSAL)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_matches_cpu():
+    assert_cuda_matches_cpu(TRAVERSAL)
 
 
 def test_one_path_is_the_block_twin_coin_for_coin():

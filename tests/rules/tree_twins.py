@@ -111,3 +111,14 @@ def sampled_core_pvalues(rule: Rule, references: list[Rule], t, d, gamma: int, k
         out.append(float(stats.chisquare(obs[keep],
                                          exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue))
     return out
+
+
+def assert_cuda_matches_cpu(rule: Rule, **kwargs) -> None:
+    """The twin on a GPU decides as on the CPU (up to float summation order: none of these
+    seeded requests sits on a tie)."""
+    drafts, P, Q = (torch.tensor(a) for a in drafted_trees(4, 3, 3, 256, seed=8))
+    seeds = torch.arange(256)
+    cpu = rule.torch.verify(drafts, P, Q, seeds=seeds, positions=3, **kwargs)
+    gpu = rule.torch.verify(drafts.cuda(), P.cuda(), Q.cuda(), seeds=seeds.cuda(), positions=3,
+                            **kwargs)
+    assert all(torch.equal(a, b.cpu()) for a, b in zip(cpu, gpu, strict=True))
