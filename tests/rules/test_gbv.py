@@ -19,8 +19,8 @@ from coupling import (
 from coupling.rules import gbv
 from coupling.rules.gbv import GBV, GBVControl
 from coupling.rules.trie import draft_trees
-from tests.rules.tree_twins import sampled_core_pvalues
-from tests.strategies import drafted_trees, model_pair, rational_lm
+from tests.rules.tree_twins import assert_one_path_is_block, sampled_core_pvalues
+from tests.strategies import model_pair, rational_lm
 
 GBV_RULE = RULES["gbv"]
 F = Fraction
@@ -92,12 +92,7 @@ def test_the_skew_is_the_law_of_the_selected_path():
 def test_one_path_is_block_verification_exactly_and_coin_for_coin():
     t, d = rational_lm(3, 1, seed=301, denom=5), rational_lm(3, 1, seed=401, denom=5)
     assert expected_accepted(GBV_RULE, t, d, 3) == expected_accepted("block", t, d, 3)
-    drafts, P, Q = drafted_trees(4, 3, 1, 300, seed=5)
-    rng = np.random.default_rng(5)
-    for b in range(drafts.shape[0]):
-        coins, u = rng.random((3, 1)), rng.random(4)
-        assert GBV_RULE.verify_block(drafts[b], P[b], Q[b], coins, u) \
-            == RULES["block"].verify_block(drafts[b], P[b], Q[b], coins, u)
+    assert_one_path_is_block(GBV_RULE)
 
 
 # ------------------------------------------------------------------ where it loses

@@ -22,7 +22,7 @@ from coupling.rules import traversal
 from coupling.rules.traversal import TraversalControl
 from coupling.rules.trie import draft_trees
 from coupling.sequence import path_law
-from tests.rules.tree_twins import sampled_core_pvalues
+from tests.rules.tree_twins import assert_one_path_is_block, sampled_core_pvalues
 from tests.strategies import drafted_trees, model_pair, rational_lm
 
 TRAVERSAL = RULES["traversal"]
@@ -85,12 +85,7 @@ def test_one_path_is_block_verification_exactly(V, gamma, seed):
 def test_one_path_is_block_verification_coin_for_coin():
     """With k = 1 the candidates are the depths gamma, ..., 0 with block's h_i: the same
     decisions on the same uniforms."""
-    drafts, P, Q = drafted_trees(4, 3, 1, 300, seed=5)
-    rng = np.random.default_rng(5)
-    for b in range(drafts.shape[0]):
-        coins, u = rng.random((3, 1)), rng.random(4)
-        assert TRAVERSAL.verify_block(drafts[b], P[b], Q[b], coins, u) \
-            == RULES["block"].verify_block(drafts[b], P[b], Q[b], coins, u)
+    assert_one_path_is_block(TRAVERSAL)
 
 
 # ------------------------------------------------------------------ pinned instances

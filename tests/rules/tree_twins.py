@@ -122,3 +122,14 @@ def assert_cuda_matches_cpu(rule: Rule, **kwargs) -> None:
     gpu = rule.torch.verify(drafts.cuda(), P.cuda(), Q.cuda(), seeds=seeds.cuda(), positions=3,
                             **kwargs)
     assert all(torch.equal(a, b.cpu()) for a, b in zip(cpu, gpu, strict=True))
+
+
+def assert_one_path_is_block(rule: Rule) -> None:
+    """With one path the numpy core decides as block verification on the same uniforms."""
+    from coupling import RULES
+
+    drafts, P, Q = drafted_trees(4, 3, 1, 300, seed=5)
+    rng = np.random.default_rng(5)
+    coins, u = rng.random((300, 3, 1)), rng.random((300, 4))
+    assert numpy_verdicts(rule, drafts, P, Q, coins, u) \
+        == numpy_verdicts(RULES["block"], drafts, P, Q, coins, u)
