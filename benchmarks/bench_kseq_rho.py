@@ -30,7 +30,6 @@ import time
 def illinois_rho(p, q, m, iters: int = 200):
     """The root as computed up to stop 13 (the baseline)."""
     import torch
-
     from coupling.torch_backend.multi import _geometric_c
 
     B, V = p.shape
@@ -75,9 +74,9 @@ def stop14_rho(p, q, m, iters: int = 100):
     otherwise the Illinois iteration over V narrowed the bracket while more than 64 ratios
     lay inside it, then a ``topk`` and the exact segment, as now."""
     import torch
+    from coupling.torch_backend.multi import _TORCH_OPS, _direct_margin, _geometric_c
 
     from coupling.rules import kseq as ref_kseq
-    from coupling.torch_backend.multi import _TORCH_OPS, _direct_margin, _geometric_c
 
     B, V = p.shape
     if p.device.type == "cpu" and B <= 8 and V <= 4096:  # the reference, sorting every ratio

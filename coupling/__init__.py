@@ -12,6 +12,9 @@ The names a user needs are importable from here (the submodules hold the rest):
   :func:`stream_law`, :func:`sample_stream`, :func:`optimal_block_efficiency`,
   :func:`optimal_expected_accepted`, :func:`full_information_accepted`,
   :func:`verifier_lp`, :func:`motivating_example`;
+* draft trees of ``k`` paths: :func:`tree_verifier_lp`, :func:`full_information_tree_accepted`
+  (the LP over every lossless verifier of the tree, the optimum ``traversal`` and ``gbv`` are
+  measured against), :func:`path_selection_lp`;
 * the batched torch twins: :func:`verify` (imported on first use, so the core needs no torch).
 """
 
@@ -27,12 +30,15 @@ from .sequence import (
     block_efficiency,
     expected_accepted,
     full_information_accepted,
+    full_information_tree_accepted,
     motivating_example,
     optimal_block_efficiency,
     optimal_expected_accepted,
+    path_selection_lp,
     sample_stream,
     stream_law,
     target_law,
+    tree_verifier_lp,
     verifier_lp,
 )
 from .solve import Coupling, solve_coupling, solve_draft_law, solve_transport
@@ -69,6 +75,9 @@ __all__ = [
     "optimal_expected_accepted",
     "full_information_accepted",
     "verifier_lp",
+    "tree_verifier_lp",
+    "full_information_tree_accepted",
+    "path_selection_lp",
     "motivating_example",
     "verify",
 ]

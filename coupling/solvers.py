@@ -5,7 +5,9 @@ Three exact solvers, one status discipline:
 * ``"pot"``: :func:`ot.emd` (POT's network simplex) on a dense transport problem, the
   fastest exact solver here;
 * ``"highs"``: :func:`scipy.optimize.linprog` (HiGHS), on the transport problem or the sparse
-  max-flow form of a 0/1 cost, and on the equality LPs of :mod:`coupling.sequence.lp`;
+  max-flow form of a 0/1 cost, and on the equality LPs of :mod:`coupling.sequence.lp` and
+  :mod:`coupling.sequence.tree_lp` (:func:`certified_lp`: status, primal and dual feasibility
+  and duality gap checked);
 * ``"cvxpy"``: the same models through cvxpy (Clarabel at tight tolerances, HiGHS if the
   interior-point answer is only "optimal_inaccurate"): an independent cross-check.
 
@@ -45,6 +47,9 @@ __all__ = [
     "max_flow",
     "zero_cost_transport",
     "highs_lp",
+    "LP_ATTEMPTS",
+    "lp_defects",
+    "certified_lp",
     "cvxpy_solve",
 ]
 
@@ -265,6 +270,60 @@ def highs_lp(c: np.ndarray, A_eq, b_eq: np.ndarray, *, method: str = "highs-ds",
     if res.status != 0:
         raise SolverError(f"HiGHS {what} failed: status={res.status} ({res.message})")
     return np.asarray(res.x), np.asarray(res.eqlin.marginals)
+
+
+#: HiGHS solves :func:`certified_lp` tries in turn, ``(method, presolve)``: presolve has called
+#: feasible equality LPs with path probabilities near 1e-17 infeasible, and without it the
+#: same LPs solve and pass the certificate.
+LP_ATTEMPTS = (("highs", True), ("highs-ds", False), ("highs-ipm", False))
+
+
+def lp_defects(A, b: np.ndarray, c: np.ndarray, x: np.ndarray, y: np.ndarray,
+               tol: float = TOLERANCES.equality_lp) -> list[str]:
+    """What keeps ``(x, y)`` from certifying an optimum of :math:`\\min c^\\top x` s.t.
+    ``A x = b``, ``x >= 0``; empty if nothing does.
+
+    The certificate: ``x`` primal feasible, ``y`` dual feasible (reduced costs
+    :math:`c - A^\\top y \\ge 0`) and no duality gap (:math:`c^\\top x = b^\\top y`), each
+    within ``tol``.
+    """
+    if not (np.isfinite(x).all() and np.isfinite(y).all()):
+        return ["non-finite solution"]
+    defects = []
+    if x.min() < -tol:
+        defects.append(f"x has entries down to {x.min():.3g} < 0")
+    resid = float(np.abs(A @ x - b).max())
+    if resid > tol:
+        defects.append(f"max |A x - b| = {resid:.3g}")
+    reduced = float((c - A.T @ y).min())
+    if reduced < -tol:
+        defects.append(f"the dual is infeasible by {-reduced:.3g}")
+    gap = abs(float(c @ x) - float(b @ y))
+    if gap > tol:
+        defects.append(f"duality gap {gap:.3g}")
+    return defects
+
+
+def certified_lp(c: np.ndarray, A_eq, b_eq: np.ndarray, *, what: str = "LP",
+                 attempts: tuple[tuple[str, bool], ...] = LP_ATTEMPTS
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`highs_lp` with an optimality certificate (:func:`lp_defects`): the solves of
+    ``attempts`` are tried in turn until one passes; ``(x, y)``, or :class:`SolverError`
+    listing every failure."""
+    failures = []
+    for method, presolve in attempts:
+        try:
+            x, y = highs_lp(c, A_eq, b_eq, method=method,
+                            options=TOLERANCES.highs(presolve=presolve), what=what)
+        except SolverError as exc:
+            failures.append(f"{method}: {exc}")
+            continue
+        defects = lp_defects(A_eq, b_eq, c, x, y)
+        if not defects:
+            return x, y
+        failures.append(f"{method}: " + "; ".join(defects))
+    raise SolverError(f"{what}: no HiGHS solve passed the optimality checks ("
+                      + " | ".join(failures) + ")")
 
 
 def cvxpy_solve(prob) -> str:

@@ -61,12 +61,15 @@ def model_pair(V: int, order: int, seed: int, conc: float = 1.0) -> tuple[Tabula
     )
 
 
-def rational_lm(V: int, order: int, seed: int, denom: int = 7):
-    """A random context-dependent model with exact Fraction laws (no zeros)."""
+def rational_lm(V: int, order: int, seed: int, denom: int = 7, zeros: bool = False):
+    """A random context-dependent model with exact Fraction laws (integer weights below
+    ``denom``, so ties between ratios are frequent; zero entries with ``zeros``)."""
     rng = np.random.default_rng(seed)
     table = {}
     for key in itertools.product(range(V + 1), repeat=order):
-        w = rng.integers(1, denom, size=V)
+        w = rng.integers(0 if zeros else 1, denom, size=V)
+        if w.sum() == 0:
+            w[rng.integers(V)] = 1
         table[key] = np.array([Fraction(int(v), int(w.sum())) for v in w], dtype=object)
 
     def lm(ctx=()):
@@ -93,3 +96,15 @@ def drafted_path(V: int = 4, gamma: int = 3, seed: int = 0, conc: float = 0.7):
 def as_tree(x: np.ndarray, P: np.ndarray, Q: np.ndarray):
     """One drafted path as a one-branch tree: ``(drafts [1, g], p [1, g + 1, V], q [1, g, V])``."""
     return x[None], P[None], Q[None]
+
+
+def drafted_trees(V: int, gamma: int, k: int, n: int, *, replacement: bool = True,
+                  seed: int = 0, conc: float = 0.5, order: int = 1):
+    """``n`` draft trees drafted from one seeded model pair after context ``(0,)``, stacked:
+    ``(drafts [n, k, gamma], p [n, k, gamma + 1, V], q [n, k, gamma, V])``."""
+    from coupling.sequence.models import check_models, draft_tree
+
+    T, D, ctx = check_models(*model_pair(V, order, seed, conc), (0,))
+    rng = np.random.default_rng(seed)
+    trees = [draft_tree(T, D, gamma, rng, ctx, k=k, replacement=replacement) for _ in range(n)]
+    return tuple(np.stack(a) for a in zip(*trees, strict=True))

@@ -124,6 +124,11 @@ COUNT_FUNCTIONS = {
     "optimal_block_efficiency gamma": (lambda n: coupling.optimal_block_efficiency(_lm(), _lm(),
                                                                                    n), "gamma"),
     "verifier_lp gamma": (lambda n: coupling.verifier_lp(_lm(), _lm(), n), "gamma"),
+    "tree_verifier_lp gamma": (lambda n: coupling.tree_verifier_lp(_lm(), _lm(), n, 2),
+                               "gamma"),
+    "tree_verifier_lp k": (lambda n: coupling.tree_verifier_lp(_lm(), _lm(), 2, n), "k"),
+    "block_efficiency traversal k": (lambda n: coupling.block_efficiency(
+        "traversal", _lm(), _lm(), 2, k=n), "k"),
     **{f"{name}.{method} k": (_rule_count(rule, method), "k")
        for name, rule in RULES.items() for method in ("acceptance", "supports")
        if rule.unit == "token" or method == "supports"},
@@ -139,7 +144,9 @@ def test_bad_counts_name_the_argument(fn, label, bad):
 
 @pytest.mark.parametrize("fn", ["tuple_law k", "solve_coupling k", "check_rule k",
                                 "block_efficiency gamma", "target_law length",
-                                "optimal_block_efficiency gamma", "verifier_lp gamma"])
+                                "optimal_block_efficiency gamma", "verifier_lp gamma",
+                                "tree_verifier_lp gamma", "tree_verifier_lp k",
+                                "block_efficiency traversal k"])
 def test_huge_counts_are_refused_before_any_work(fn):
     """A count far past what an exact enumeration can visit is a ValueError that says so,
     not a formatting error on a 300000-digit integer or an hour of work."""
@@ -199,6 +206,9 @@ MODEL_PAIR_FUNCTIONS = {
     "optimal_expected_accepted": lambda t, d: coupling.optimal_expected_accepted(t, d, 2),
     "full_information_accepted": lambda t, d: coupling.full_information_accepted(t, d, 2),
     "verifier_lp": lambda t, d: coupling.verifier_lp(t, d, 2),
+    "full_information_tree_accepted": lambda t, d: coupling.full_information_tree_accepted(
+        t, d, 2, 2),
+    "block_efficiency gbv": lambda t, d: coupling.block_efficiency("gbv", t, d, 2, k=2),
     "accepted_length_law": lambda t, d: coupling.accepted_length_law("token", t, d, 2),
     "sample_stream": lambda t, d: coupling.sample_stream("token", t, d, 2, 2,
                                                          np.random.default_rng(0)),

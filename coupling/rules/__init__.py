@@ -18,6 +18,8 @@ minhash    weighted-MinHash drafter-invariant coupling (Daliri et al.)    k = 1
 greedy     greedy drafts and their optimal verifier (Hu et al. 2025)      k >= 1, own law
 is         importance-sampling selection (Khisti et al. 2025)             k >= 1, i.i.d.
 spechub    a hub draft and one sample, staged plan (Sun et al. 2024)      k <= 2, own law
+traversal  traversal verification of a draft tree (Weng et al. 2025)      k >= 1, both
+gbv        greedy multi-path block verification (Thomas & Pal 2026)       k >= 1, i.i.d.
 =========  =============================================================  ==================
 
 A rule's folder holds its math (module docstring), closed-form acceptance, exact law,
@@ -31,6 +33,8 @@ from __future__ import annotations
 from .base import Rule
 from .block import PLAIN_RESIDUAL
 from .block import RULE as BLOCK
+from .gbv import RULE as GBV
+from .gbv import GBVControl
 from .greedy import RULE as GREEDY
 from .gumbel import EMIT_DRAFT
 from .gumbel import RULE as GUMBEL
@@ -42,12 +46,16 @@ from .rrs import RULE as RRS
 from .spechub import RULE as SPECHUB
 from .token import NO_RESIDUAL
 from .token import RULE as TOKEN
+from .traversal import RULE as TRAVERSAL
+from .traversal import TraversalControl
 
 RULES: dict[str, Rule] = {r.name: r for r in (TOKEN, BLOCK, KSEQ, RRS, OPTIMAL, GUMBEL, MINHASH,
-                                               GREEDY, IMPORTANCE, SPECHUB)}
-#: deliberately broken rules, for the harnesses' negative controls
-NEGATIVE_CONTROLS: dict[str, Rule] = {r.name: r for r in (NO_RESIDUAL, PLAIN_RESIDUAL,
-                                                          EMIT_DRAFT)}
+                                               GREEDY, IMPORTANCE, SPECHUB, TRAVERSAL, GBV)}
+#: deliberately broken rules, for the harnesses' negative controls (the tree rules' subtler
+#: controls, lossy only on dedicated instances, live in their tests)
+NEGATIVE_CONTROLS: dict[str, Rule] = {r.name: r for r in (
+    NO_RESIDUAL, PLAIN_RESIDUAL, EMIT_DRAFT, TraversalControl("plain_residual"),
+    TraversalControl("sibling_weight"), GBVControl("unskewed"))}
 
 
 def get_rule(rule: str | Rule, *, controls: bool = False) -> Rule:

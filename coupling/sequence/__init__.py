@@ -2,8 +2,8 @@
 
 :mod:`.models` (language models and validation), :mod:`.paths` (exact laws of a call and of
 the generated stream, for any rule), :mod:`.lp` (the block-level LPs: what any verifier could
-achieve), :mod:`.predict` (tokens per call predicted from recorded laws), :mod:`.example`
-(Sun et al.'s motivating example).
+achieve), :mod:`.tree_lp` (the same for a draft tree of ``k`` paths), :mod:`.predict` (tokens
+per call predicted from recorded laws), :mod:`.example` (Sun et al.'s motivating example).
 """
 
 from .example import motivating_example
@@ -26,6 +26,13 @@ from .paths import (
     target_law,
 )
 from .predict import conditional_tokens, optimal_tokens, predicted_tokens
+from .tree_lp import (
+    TreeVerifierLP,
+    full_information_tree_accepted,
+    path_selection_lp,
+    selection_model,
+    tree_verifier_lp,
+)
 
 __all__ = [
     "LanguageModel",
@@ -44,6 +51,11 @@ __all__ = [
     "VerifierLP",
     "verifier_lp",
     "full_information_accepted",
+    "TreeVerifierLP",
+    "tree_verifier_lp",
+    "full_information_tree_accepted",
+    "path_selection_lp",
+    "selection_model",
     "predicted_tokens",
     "optimal_tokens",
     "conditional_tokens",

@@ -22,7 +22,7 @@ import torch
 
 from .common import Verdict, assemble, check_inputs, coin_uniforms, sample_rows, sample_uniforms
 
-__all__ = ["StepFn", "walk_tree", "verify_tree", "first_true"]
+__all__ = ["StepFn", "walk_tree", "prepare_tree", "verify_tree", "first_true"]
 
 # A single-step rule on the A unfinished rows: (p_i [A,V], q_i [A,V], x [A,k], alive [A,k],
 # coins [A,k], u [A], offset i, batch rows act [A]) -> output token y [A]
@@ -97,11 +97,13 @@ def walk_tree(
     return assemble(drafts, accepted, branch, nxt)
 
 
-def verify_tree(step: StepFn, drafts, p, q, seeds, positions, *, replacement: bool,
-                validate: bool, atol: float | None, accept_u: torch.Tensor | None,
-                sample_u: torch.Tensor | None, rule: str) -> Verdict:
-    """A single-step rule's twin: validate, draw the keyed uniforms (or take ``accept_u
-    [B, gamma, k]`` / ``sample_u [B, gamma + 1]``), walk the tree."""
+def prepare_tree(drafts, p, q, seeds, positions, *, replacement: bool, validate: bool,
+                 atol: float | None, accept_u: torch.Tensor | None,
+                 sample_u: torch.Tensor | None, rule: str):
+    """What every tree twin does first: validate (:func:`check_inputs`; with
+    ``replacement=False``, ``k`` distinct first tokens), then draw the keyed uniforms or take
+    ``accept_u [B, gamma, k]`` / ``sample_u [B, gamma + 1]``. Returns ``(drafts, p, q, coins,
+    u)``."""
     drafts, p, q, seeds, positions = check_inputs(drafts, p, q, seeds, positions,
                                                   validate=validate, atol=atol, rule=rule)
     B, k, g = drafts.shape
@@ -117,4 +119,15 @@ def verify_tree(step: StepFn, drafts, p, q, seeds, positions, *, replacement: bo
     if coins.shape != (B, g, k) or u.shape != (B, g + 1):
         raise ValueError(f"accept_u must be [B, gamma, k] = {(B, g, k)} and sample_u "
                          f"[B, gamma+1] = {(B, g + 1)}")
+    return drafts, p, q, coins, u
+
+
+def verify_tree(step: StepFn, drafts, p, q, seeds, positions, *, replacement: bool,
+                validate: bool, atol: float | None, accept_u: torch.Tensor | None,
+                sample_u: torch.Tensor | None, rule: str) -> Verdict:
+    """A single-step rule's twin: :func:`prepare_tree`, then walk the tree."""
+    drafts, p, q, coins, u = prepare_tree(drafts, p, q, seeds, positions,
+                                          replacement=replacement, validate=validate,
+                                          atol=atol, accept_u=accept_u, sample_u=sample_u,
+                                          rule=rule)
     return walk_tree(step, drafts, p, q, coins, u)

@@ -1,0 +1,112 @@
+r"""``gbv``'s batched torch twin: greedy multi-path block verification of ``B`` draft trees.
+
+Per depth ``d`` (a Python loop over ``gamma``), for every request at once: the selected node's
+laws ``p, q [B, V]`` (read from its lowest path), the ranking key (``min(1, p/q)`` or ``p/q``,
+-1 where ``q = 0``) sorted stably (ties by token id), the draft mass ranked below each token
+``F^-`` (an exclusive cumulative sum in rank order), the skewed law ``q^\star`` of
+:mod:`coupling.rules.gbv` (``O(k V)``), and the highest-ranked child among the paths that
+share the selected prefix. Then block verification of the selected path with ``q^\star``:
+the block twin's :func:`~coupling.rules.block.torch.weights` and
+:func:`~coupling.rules.block.torch.accepted`, and the residual at the stop.
+
+Randomness: the selected path ``b``'s coins ``accept_u[:, :, b]`` (keyed:
+``U(seed, t, STREAM_ACCEPT, i * MAX_DRAFTS + b)``) and ``sample_u[:, tau]``: the numbers
+:func:`coupling.keyed.call_uniforms` hands the numpy core, which this twin matches decision
+for decision up to float summation order (``tests/rules/test_gbv_torch.py``). With ``k = 1``
+it is the block twin coin for coin.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...torch_backend.common import Verdict, assemble, emit_residual
+from ...torch_backend.tree import first_true, prepare_tree
+from ..block.torch import accepted, weights
+from . import RANKS
+
+__all__ = ["verify", "select", "skew"]
+
+
+def skew(q: torch.Tensor, below: torch.Tensor, A: torch.Tensor, m: torch.Tensor,
+         k: int) -> torch.Tensor:
+    """The selected path's law at a node, ``[B, V]`` (the numpy :func:`~coupling.rules.gbv.skew`
+    on float64 rows; ``A``, ``m`` ``[B]``)."""
+    if k == 1:
+        return q
+    top = (A + m).unsqueeze(-1)
+    a = (A.unsqueeze(-1) + m.unsqueeze(-1) * (below + q)) / top
+    b = (A.unsqueeze(-1) + m.unsqueeze(-1) * below) / top
+    low = A.unsqueeze(-1) / top
+    num = sum(a**i * b ** (k - 1 - i) for i in range(k))
+    den = sum(low ** (k - 1 - i) for i in range(k))
+    out = q * num / den
+    return out / out.sum(-1, keepdim=True)
+
+
+def _ranked(p: torch.Tensor, q: torch.Tensor, rank: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(position, below)`` ``[B, V]``: each token's place in ascending rank and the draft
+    mass ranked below it."""
+    ratio = p / torch.where(q > 0, q, 1.0)
+    key = torch.where(q > 0, ratio.clamp(max=1.0) if rank == "capped" else ratio, -1.0)
+    order = torch.sort(key, dim=-1, stable=True).indices
+    q_sorted = q.gather(-1, order)
+    excl = torch.cat([torch.zeros_like(q_sorted[:, :1]), q_sorted.cumsum(-1)[:, :-1]], -1)
+    below = torch.empty_like(q).scatter_(-1, order, excl)
+    pos = torch.empty_like(order).scatter_(-1, order, torch.arange(
+        q.shape[-1], device=q.device).expand_as(order))
+    return pos, below
+
+
+def select(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
+           rank: str = "capped") -> tuple[torch.Tensor, torch.Tensor]:
+    """``(branch [B], q_star [B, g, V])``: the lowest path equal to the selected one and its
+    conditional laws (float64)."""
+    B, k, g = drafts.shape
+    rows = torch.arange(B, device=drafts.device)
+    alive = torch.ones(B, k, dtype=torch.bool, device=drafts.device)
+    A = torch.zeros(B, dtype=torch.float64, device=drafts.device)
+    m = torch.ones_like(A)
+    q_star = []
+    for d in range(g):
+        ref = first_true(alive)
+        pd, qd = p[rows, ref, d].to(torch.float64), q[rows, ref, d].to(torch.float64)
+        pos, below = _ranked(pd, qd, rank)
+        q_star.append(skew(qd, below, A, m, k))
+        x = drafts[:, :, d]
+        place = torch.where(alive, pos.gather(-1, x), -1)
+        t = x.gather(-1, place.argmax(-1, keepdim=True)).squeeze(-1)      # top-ranked child
+        alive = alive & (x == t.unsqueeze(-1))
+        A = A + m * below.gather(-1, t.unsqueeze(-1)).squeeze(-1)
+        m = m * qd.gather(-1, t.unsqueeze(-1)).squeeze(-1)
+    return first_true(alive), torch.stack(q_star, 1)
+
+
+def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
+           seeds: torch.Tensor | int, positions: torch.Tensor | int,
+           replacement: bool = True, accept_u: torch.Tensor | None = None,
+           sample_u: torch.Tensor | None = None, validate: bool = True,
+           atol: float | None = None, rank: str = "capped") -> Verdict:
+    """GBV, batched: ``drafts [B,k,g]`` (i.i.d. paths), ``p [B,k,g+1,V]``, ``q [B,k,g,V]``;
+    keyed uniforms from ``seeds``, ``positions`` ``[B]``, or explicit ``accept_u [B,g,k]`` and
+    ``sample_u [B,g+1]``; ``rank`` as :class:`coupling.rules.gbv.GBV`."""
+    if rank not in RANKS:
+        raise ValueError(f"rank must be one of {RANKS}, got {rank!r}")
+    drafts, p, q, coins, u = prepare_tree(drafts, p, q, seeds, positions,
+                                          replacement=replacement, validate=validate,
+                                          atol=atol, accept_u=accept_u, sample_u=sample_u,
+                                          rule="gbv")
+    B, k, g = drafts.shape
+    if not replacement and k > 1:
+        raise ValueError("gbv verifies k i.i.d. paths (replacement=True): its skew is the law "
+                         "of the largest of k i.i.d. paths")
+    rows = torch.arange(B, device=drafts.device)
+    b, q_star = select(drafts, p, q, rank)
+    x, P = drafts[rows, b], p[rows, b].to(torch.float64)                   # [B, g], [B, g+1, V]
+    ratio = P[:, :g].gather(-1, x.unsqueeze(-1)).squeeze(-1) \
+        / q_star.gather(-1, x.unsqueeze(-1)).squeeze(-1)
+    w = weights(ratio)
+    n = accepted(w, P, q_star, coins[rows, :, b])
+    w_n = torch.where(n == g, 1.0, w[rows, n])
+    y = emit_residual(P, q_star, n, w_n, u[rows, n])
+    return assemble(drafts, n, b, y)
