@@ -15,7 +15,14 @@ rrs        recursive rejection sampling (SpecInfer; Yang; Jeon 2024)      k >= 1
 optimal    LP-optimal verification (min-cut value; plan through the cut)  k >= 1, both
 gumbel     shared-Gumbel drafter-invariant coupling (Daliri et al. 2024)  k = 1
 minhash    weighted-MinHash drafter-invariant coupling (Daliri et al.)    k = 1
+strict     exact match: the target's own sample among the drafts          k >= 1, both
+gls        Gumbel-max list sampling, drafter-invariant (Rowan et al.)     k >= 1, i.i.d.
+typical    Medusa typical acceptance (Cai et al. 2024): LOSSY             k >= 1, both
+relaxed    top-k within a margin of the best (TensorRT-LLM): LOSSY        k >= 1, both
 =========  =============================================================  ==================
+
+``typical`` and ``relaxed`` are lossy (``rule.lossless`` is False): their output law is not
+the target's, and they report it exactly (``rule.output_law``, ``rule.distortion``).
 
 A rule's folder holds its math (module docstring), closed-form acceptance, exact law,
 deterministic numpy core with explicit uniforms, sampler, bound and batched torch twin
@@ -28,16 +35,21 @@ from __future__ import annotations
 from .base import Rule
 from .block import PLAIN_RESIDUAL
 from .block import RULE as BLOCK
+from .gls import RULE as GLS
 from .gumbel import EMIT_DRAFT
 from .gumbel import RULE as GUMBEL
 from .kseq import RULE as KSEQ
 from .minhash import RULE as MINHASH
 from .optimal import RULE as OPTIMAL
+from .relaxed import RULE as RELAXED
 from .rrs import RULE as RRS
+from .strict import RULE as STRICT
 from .token import NO_RESIDUAL
 from .token import RULE as TOKEN
+from .typical import RULE as TYPICAL
 
-RULES: dict[str, Rule] = {r.name: r for r in (TOKEN, BLOCK, KSEQ, RRS, OPTIMAL, GUMBEL, MINHASH)}
+RULES: dict[str, Rule] = {r.name: r for r in (TOKEN, BLOCK, KSEQ, RRS, OPTIMAL, GUMBEL, MINHASH,
+                                              STRICT, GLS, TYPICAL, RELAXED)}
 #: deliberately broken rules, for the harnesses' negative controls
 NEGATIVE_CONTROLS: dict[str, Rule] = {r.name: r for r in (NO_RESIDUAL, PLAIN_RESIDUAL,
                                                           EMIT_DRAFT)}
