@@ -109,7 +109,8 @@ def list_noise(seed: int, position: int, vocab_size: int, k: int) -> np.ndarray:
     Keys (``STREAM_GUMBEL``, counters by token id ``v``): the target's noise
     :math:`G^*_v` at ``v`` (the ``gumbel`` rule's), the column holding the maximum from the
     uniform at ``V + v``, column ``c``'s fresh Gumbel at ``(2 + c) V + v``. The torch twin's
-    :func:`coupling.rules.gls.torch.list_noise` gives the same numbers.
+    :func:`coupling.rules.gls.torch.list_noise` gives the same numbers (to 1e-15 in the
+    truncated entries, where the libraries' ``logaddexp`` may round apart).
     """
     V, k = validate_count(vocab_size, "vocab_size"), validate_count(k, "k")
     seed, position = validate_seed(seed), validate_seed(position, "position")

@@ -7,8 +7,9 @@ columns' maximum, which the keyed construction makes ``argmax log p + G*(seed, t
 ``G* = coupling.torch_backend.rng.gumbel_noise(seed, t, V)``, the noise the ``gumbel`` twin
 reads: the verifier is :func:`coupling.rules.gumbel.torch.verify`, and the emitted stream is the
 target's own keyed Gumbel-max stream for every drafter and every ``k``. Drafts are accepted
-while a survivor agrees with it. :func:`list_noise` holds the same numbers as the numpy
-:func:`coupling.rules.gls.list_noise` (the keys are in its docstring).
+while a survivor agrees with it. :func:`list_noise` holds the numbers of the numpy
+:func:`coupling.rules.gls.list_noise` (the keys are in its docstring): the columns' maxima bit
+for bit, the truncated entries to 1e-15 (numpy's and torch's ``logaddexp`` may round apart).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ __all__ = ["list_noise", "draft", "verify"]
 def list_noise(seeds: torch.Tensor | int, positions: torch.Tensor | int, vocab_size: int,
                k: int, *, device: torch.device | str | None = None) -> torch.Tensor:
     """The ``k`` keyed noise columns of ``(seed, position)``: float64 ``[..., k, V]`` (``seeds``
-    and ``positions`` broadcast), :func:`coupling.rules.gls.list_noise`'s numbers."""
+    and ``positions`` broadcast), :func:`coupling.rules.gls.list_noise`'s numbers (module doc)."""
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be a positive int (the number of columns), got {k!r}")
     V = vocab_size
