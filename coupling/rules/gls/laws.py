@@ -37,6 +37,8 @@ with :math:`g_{i,i} = a_i`. Summed over ``x`` the bracket is ``K``, so the outpu
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 from scipy import integrate
 
@@ -59,8 +61,14 @@ def _laplace(f: ExpSum, s: float):
     return (c / (s + r)).sum()
 
 
+def _ones(dtype) -> np.ndarray:
+    """``[1]`` in ``dtype``: an exact Fraction for object arrays (an int 1 would turn a
+    division into a float)."""
+    return np.array([Fraction(1)], dtype=object) if dtype == object else np.ones(1, dtype=dtype)
+
+
 def _one_minus(f: ExpSum) -> ExpSum:
-    one = np.ones(1, dtype=f[0].dtype)
+    one = _ones(f[0].dtype)
     return np.concatenate([one, -f[0]]), np.concatenate([0 * one, f[1]])
 
 
@@ -109,8 +117,7 @@ class Race:
     def g(self, i: int, x: int) -> ExpSum:
         """The column where ``Y = i`` won drafts ``x`` (``a_i`` for ``x = i``)."""
         if x == i:
-            one = np.ones(1, dtype=self.q.dtype)
-            return one, np.array([self.lam[self.pos[i]]], dtype=self.q.dtype)
+            return _ones(self.q.dtype), np.array([self.lam[self.pos[i]]], dtype=self.q.dtype)
         return self.pieces(x, int(self.pos[i]))
 
 
@@ -125,7 +132,7 @@ def joint(p: np.ndarray, q: np.ndarray, tuples: np.ndarray, K: int) -> np.ndarra
     for t, tup in enumerate(tuples.tolist()):
         if any(q[x] == 0 for x in tup):
             continue
-        rest = [_prod(b[y] for j, y in enumerate(tup) if j != c) for c in range(m)]
+        rest = [_prod((b[y] for j, y in enumerate(tup) if j != c), p.dtype) for c in range(m)]
         unseen = _mul(b[tup[0]], rest[0]) if K > m else None
         for i in np.flatnonzero(p != 0):
             f = sum(_laplace(_mul(race.g(int(i), x), rest[c]), K) for c, x in enumerate(tup))
@@ -135,12 +142,12 @@ def joint(p: np.ndarray, q: np.ndarray, tuples: np.ndarray, K: int) -> np.ndarra
     return J
 
 
-def _prod(fs) -> ExpSum:
-    out = None
+def _prod(fs, dtype) -> ExpSum:
+    """The product of exponential sums (the constant 1 for none), in ``dtype``."""
+    one = _ones(dtype)
+    out = one, 0 * one
     for f in fs:
-        out = f if out is None else _mul(out, f)
-    if out is None:
-        return np.ones(1), np.zeros(1)
+        out = _mul(out, f)
     return out
 
 
@@ -201,7 +208,7 @@ def _collision_one(race: Race, K: int) -> np.ndarray:
 
 
 def _power(f: ExpSum, n: int) -> ExpSum:
-    return _prod([f] * n)
+    return _prod([f] * n, f[0].dtype)
 
 
 def _rejected(race: Race, m: int, K: int, t: float) -> np.ndarray:
