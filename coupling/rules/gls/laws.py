@@ -64,7 +64,9 @@ def _laplace(f: ExpSum, s: float):
 def _ones(dtype) -> np.ndarray:
     """``[1]`` in ``dtype``: an exact Fraction for object arrays (an int 1 would turn a
     division into a float)."""
-    return np.array([Fraction(1)], dtype=object) if dtype == object else np.ones(1, dtype=dtype)
+    if np.dtype(dtype) == np.dtype(object):
+        return np.array([Fraction(1)], dtype=object)
+    return np.ones(1, dtype=dtype)
 
 
 def _one_minus(f: ExpSum) -> ExpSum:

@@ -172,6 +172,15 @@ def _join_times(r: np.ndarray, kappa: np.ndarray, hi: np.ndarray, k: int, a: flo
         # the root has G(t) = kappa + r t >= kappa: it lies right of G(t0) = kappa, where
         # f(t0) = -r t0 <= 0, a valid start (nearly the root for the small ratios of a long tail)
         t = np.clip(a - np.clip(a**k - kappa, 0.0, None) ** (1.0 / k), 0.0, hi)
+    elif sign > 0 and k >= 2:
+        # G's binomial terms are all non-negative, so its first two, c1 t + c2 t^2, lie below
+        # it: the quadratic's smallest root is left of f's (a valid start), and is f's own
+        # root for k = 2
+        c1, c2 = k * a ** (k - 1), 0.5 * k * (k - 1) * a ** (k - 2) if k > 2 else 1.0
+        with np.errstate(over="ignore", invalid="ignore"):   # a huge ratio: no start, t = 0
+            disc = (r - c1) ** 2 + 4.0 * c2 * kappa
+            root = 2.0 * (-kappa) / ((r - c1) + np.sqrt(np.maximum(disc, 0.0)))
+        t = np.where((disc >= 0) & np.isfinite(root) & (root > 0), np.minimum(root, hi), 0.0)
     scale = a ** (k - 1) if a > 0 else 0.0
     idx, rr, kk, hh, tt = np.arange(r.size), r, kappa, hi, t.copy()
     for _ in range(NEWTON_STEPS):
