@@ -36,6 +36,7 @@ EXPECTED = [
     "03_block_verification",
     "04_drafter_invariance",
     "05_small_llm_demo",
+    "08_lossy_and_invariant",
 ]
 
 

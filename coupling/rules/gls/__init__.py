@@ -37,7 +37,12 @@ Exact laws (derived, :mod:`coupling.rules.gls.laws`; checked exactly in
 the exponential race; ``K = 1`` reduces to the Gumbel coupling's
 :math:`\sum_i 1 / \sum_j \max(p_j/p_i, q_j/q_i)`. Along a draft tree the surviving branches
 show ``m <= K`` of the columns while the target reads all ``K``; the walk uses the law of
-``m`` observed columns of ``K`` (:meth:`Gls.outcomes`).
+``m`` observed columns of ``K`` (:meth:`Gls.outcomes`). That is the price of invariance along
+a tree: a lone surviving branch of ``K = 4`` columns matches far less often than one draft of
+one column (0.46 against 0.96 on ``notebooks/08_lossy_and_invariant.ipynb``'s pair). A
+verifier reading only the survivors' columns would keep the per-offset collision of ``m``
+drafts, but the drafts would then decide which columns the target reads, and its stream would
+depend on the drafter; it is not implemented.
 
 Bounds (derived): :math:`\alpha \ge \sum_i K p_i / (K + \varphi(r_i))` (the winning column's
 own draft, :func:`own_column`) :math:`\ge \sum_i (1/p_i + 1/(K q_i))^{-1}`
