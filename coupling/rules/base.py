@@ -171,6 +171,15 @@ class Rule:
         u = self.draw_uniforms(require_generator(rng), self.n_uniforms(d.size, pa.size))
         return int(self._verify(pa, qa, d, u, replacement))
 
+    def call_uniforms(self, seed: int, position: int, gamma: int,
+                      k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The keyed uniforms of one request's call, ``(coins [gamma, k], u [gamma + 1])`` for
+        :meth:`verify_block`: the numbers the rule's torch twin draws for this request
+        (:func:`coupling.keyed.call_uniforms` unless the rule keys its own)."""
+        from ..keyed import call_uniforms
+
+        return call_uniforms(seed, position, gamma, k)
+
     def draw_uniforms(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` uniforms from ``rng`` in the rule's interval."""
         u = rng.random(n)

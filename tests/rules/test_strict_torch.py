@@ -61,16 +61,18 @@ def test_single_step_matches_numpy_core(replacement):
 
 @pytest.mark.parametrize("replacement", [True, False])
 def test_twin_matches_numpy_core_on_keyed_uniforms(replacement):
-    """200 whole trees: the twin's keyed verdict is the numpy core's fed
-    ``target_uniforms(seed, position, gamma)``; the walks go past their first offsets."""
+    """200 whole trees: the twin's keyed verdict is the numpy core's fed the rule's own keyed
+    uniforms (``call_uniforms``: the target's draws ``target_uniforms(seed, position)``)."""
     deep = 0
     for seed, (X, P, Q) in enumerate(random_trees(np.random.default_rng(60), 200,
                                                   replacement)):
         got = verdict_rows(verify(X, P, Q, seeds=seed, positions=3 * seed,
                                   replacement=replacement))
         g, k = X.shape[2], X.shape[1]
-        want = CORE.verify_block(X[0].numpy(), P[0].numpy(), Q[0].numpy(), np.zeros((g, k)),
-                                 target_uniforms(seed, 3 * seed, g), replacement=replacement)
+        coins, u = CORE.call_uniforms(seed, 3 * seed, g, k)
+        assert np.array_equal(u, target_uniforms(seed, 3 * seed, g))
+        want = CORE.verify_block(X[0].numpy(), P[0].numpy(), Q[0].numpy(), coins, u,
+                                 replacement=replacement)
         assert got == [want], seed
         deep += want[0] >= 2
     assert deep >= 5

@@ -106,6 +106,13 @@ class Strict(Rule):
         a = acceptance(p, q, k, replacement)
         return a, a
 
+    def call_uniforms(self, seed, position, gamma, k):
+        """Coins (never read) and the target's own draws, keyed by the absolute position of the
+        token they decide (:func:`target_uniforms`), as the torch twin draws them."""
+        from ...keyed import call_uniforms
+
+        return call_uniforms(seed, position, gamma, k)[0], target_uniforms(seed, position, gamma)
+
     def chain_step(self, p, q):
         """``(p q, p (1 - q))``: the draft survives as ``y`` iff it is the target's ``y``;
         exact on Fraction laws too."""
