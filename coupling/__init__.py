@@ -4,7 +4,8 @@ The names a user needs are importable from here (the submodules hold the rest):
 
 * distributions: :func:`as_distribution`, :func:`check_pair`, :func:`tv`, :func:`tuple_law`;
 * the LP oracle: :func:`solve_coupling`, :func:`solve_transport`, :class:`Coupling`,
-  :class:`SolverError`, :func:`optimal_acceptance`;
+  :class:`SolverError`, :func:`optimal_acceptance`, :func:`optimal_lossy_acceptance` (the
+  oracle of a lossy rule, at its distortion);
 * the rules: :data:`RULES` (name -> rule), :data:`NEGATIVE_CONTROLS`, :func:`check_rule`,
   :func:`check_sampler`;
 * sequences: :class:`TabularLM`, :class:`TraceLM`, :func:`block_efficiency`,
@@ -35,7 +36,7 @@ from .sequence import (
     target_law,
     verifier_lp,
 )
-from .solve import Coupling, solve_coupling, solve_transport
+from .solve import Coupling, optimal_lossy_acceptance, solve_coupling, solve_transport
 from .solvers import SolverError
 
 __version__ = "0.1.0"
@@ -50,6 +51,7 @@ __all__ = [
     "solve_coupling",
     "solve_transport",
     "optimal_acceptance",
+    "optimal_lossy_acceptance",
     "RULES",
     "NEGATIVE_CONTROLS",
     "Rule",

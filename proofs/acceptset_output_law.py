@@ -28,20 +28,13 @@ import sys
 from fractions import Fraction as F
 
 import numpy as np
+from _tuples import exact_tuple_law, rational_grid
 
 from coupling import RULES
 
 
 def tuple_law(q: list[F], k: int, replacement: bool):
-    it = itertools.product(range(len(q)), repeat=k) if replacement \
-        else itertools.permutations(range(len(q)), k)
-    for t in it:
-        w, used = F(1), F(0)
-        for x in t:
-            w *= q[x] if replacement else (q[x] / (1 - used) if used < 1 else F(0))
-            used += q[x]
-        if w:
-            yield t, w
+    return ((t, w) for t, w in exact_tuple_law(q, k, replacement).items() if w)
 
 
 def enumerated(p, q, k, rep, accept, f, *, first: bool = False):
@@ -77,15 +70,9 @@ def closed(p, q, k, rep, accept, f):
     return nu, h[-1] + extra
 
 
-def grid(V: int, N: int):
-    for c in itertools.product(range(N + 1), repeat=V - 1):
-        if sum(c) <= N:
-            yield [F(x, N) for x in c] + [F(N - sum(c), N)]
-
-
 def main() -> int:
     ok, n, caught = True, 0, 0
-    pts = list(grid(3, 4))
+    pts = list(rational_grid(3, 4))
     for p in pts:
         for q in pts:
             top = max(range(3), key=lambda x: (p[x], -x))

@@ -36,6 +36,7 @@ from fractions import Fraction as F
 
 import numpy as np
 import sympy as sp
+from _tuples import rational_grid
 
 from coupling.rules.gls import acceptance, laws
 from coupling.rules.gumbel import match
@@ -102,16 +103,11 @@ def _broken_joint(p, q, tup, K):
     return J
 
 
-def grid(V: int, N: int):
-    for c in itertools.product(range(N + 1), repeat=V - 1):
-        if sum(c) <= N:
-            yield np.array([F(x, N) for x in c] + [F(N - sum(c), N)], dtype=object)
-
-
 def main() -> int:
     ok = symbolic()
     print("symbolic pieces (Laplace transform of an exponential, max of K Gumbels):", ok)
-    pairs = [(p, q) for p in grid(3, 4) for q in grid(3, 4)]
+    pts = [np.array(x, dtype=object) for x in rational_grid(3, 4)]
+    pairs = [(p, q) for p in pts for q in pts]
     rnd = random.Random(0)
     for _ in range(40):
         a, b = [rnd.randint(0, 7) for _ in range(4)], [rnd.randint(0, 7) for _ in range(4)]

@@ -32,6 +32,7 @@ from fractions import Fraction as F
 
 import numpy as np
 import sympy as sp
+from _tuples import exact_tuple_law, rational_grid
 
 from coupling import RULES, stream_law, target_law
 from coupling.rules.gumbel import match
@@ -53,30 +54,16 @@ def symbolic() -> bool:
     return bool(ok)
 
 
-def grid(V: int, N: int):
-    for c in itertools.product(range(N + 1), repeat=V - 1):
-        if sum(c) <= N:
-            yield np.array([F(x, N) for x in c] + [F(N - sum(c), N)], dtype=object)
-
-
 def enumerated(p, q, k: int, replacement: bool) -> F:
     """P(y among the drafts) summed against p, over the exact tuple law (Fractions)."""
-    total = F(0)
-    it = itertools.product(range(len(q)), repeat=k) if replacement \
-        else itertools.permutations(range(len(q)), k)
-    for t in it:
-        w, used = F(1), F(0)
-        for x in t:
-            w *= q[x] if replacement else (q[x] / (1 - used) if used < 1 else F(0))
-            used += q[x]
-        total += w * sum(p[y] for y in set(t))
-    return total
+    law = exact_tuple_law(list(q), k, replacement)
+    return sum((w * sum(p[y] for y in set(t)) for t, w in law.items()), F(0))
 
 
 def main() -> int:
     ok = symbolic()
     print("symbolic: inclusion of two distinct drafts (V = 3, 4), 1 - (1-a)(1-b) identity:", ok)
-    pts = list(grid(3, 6))
+    pts = [np.array(x, dtype=object) for x in rational_grid(3, 6)]
     n = reverse = 0
     for p in pts:
         for q in pts:

@@ -29,6 +29,8 @@ Derived here and checked exactly against the enumerated joint (``tests/rules/``)
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ..dist import tuple_law
@@ -38,7 +40,23 @@ from .common import bound_twin, categorical
 from .optimal.cut import hit_prefixes
 
 __all__ = ["priority", "output_law", "acceptance", "joint", "verify", "chain_step",
-           "AcceptSetRule"]
+           "non_negative", "choice", "AcceptSetRule"]
+
+
+def non_negative(value: float, name: str) -> float:
+    """A rule parameter as a finite float ``>= 0``, else ``ValueError`` naming it (bools are
+    refused: ``True`` would read as 1)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+    return float(value)
+
+
+def choice(value: str, name: str, allowed: tuple[str, ...]) -> str:
+    """``value`` if it is one of ``allowed``, else ``ValueError`` naming ``name``."""
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+    return value
 
 
 def priority(p: np.ndarray, accept: np.ndarray) -> np.ndarray:

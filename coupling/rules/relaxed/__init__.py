@@ -33,11 +33,10 @@ greedy fallback the output stays in the top-``topk`` tokens, so the distortion i
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
-from ..acceptset import AcceptSetRule
+from ...dist import validate_count
+from ..acceptset import AcceptSetRule, choice, non_negative
 
 __all__ = ["Relaxed", "RULE", "TOPK", "DELTA"]
 
@@ -65,15 +64,9 @@ class Relaxed(AcceptSetRule):
     bound_text = "= its exact acceptance (LOSSY: may exceed the lossless optimum)"
 
     def __init__(self, topk: int = TOPK, delta: float = DELTA, fallback: str = "greedy"):
-        if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)) or topk < 1:
-            raise ValueError(f"topk must be a positive integer, got {topk!r}")
-        if isinstance(delta, bool) or not isinstance(delta, (int, float, np.floating)) \
-                or not math.isfinite(delta) or delta < 0:
-            raise ValueError(f"delta must be a finite number >= 0 (a probability margin), got "
-                             f"{delta!r}")
-        if fallback not in FALLBACKS:
-            raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
-        self.topk, self.delta, self.fallback = int(topk), float(delta), fallback
+        self.topk = validate_count(topk, "topk", "(how many candidates)")
+        self.delta = non_negative(delta, "delta")
+        self.fallback = choice(fallback, "fallback", FALLBACKS)
 
     def accept_set(self, p):
         top = np.lexsort((np.arange(p.size), -p))[: self.topk]

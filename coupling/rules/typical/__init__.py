@@ -41,20 +41,13 @@ import math
 
 import numpy as np
 
-from ..acceptset import AcceptSetRule
+from ..acceptset import AcceptSetRule, choice, non_negative
 
 __all__ = ["threshold", "Typical", "RULE", "EPS", "DELTA"]
 
 EPS = 0.09
 DELTA = 0.3
 FALLBACKS = ("typical", "greedy")
-
-
-def _non_negative(value: float, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating)) \
-            or not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return float(value)
 
 
 def threshold(p: np.ndarray, eps: float = EPS, delta: float = DELTA,
@@ -86,12 +79,10 @@ class Typical(AcceptSetRule):
 
     def __init__(self, eps: float = EPS, delta: float = DELTA, entropy_offset: float = 0.0,
                  fallback: str = "typical"):
-        self.eps = _non_negative(eps, "eps")
-        self.delta = _non_negative(delta, "delta")
-        self.entropy_offset = _non_negative(entropy_offset, "entropy_offset")
-        if fallback not in FALLBACKS:
-            raise ValueError(f"fallback must be one of {FALLBACKS}, got {fallback!r}")
-        self.fallback = fallback
+        self.eps = non_negative(eps, "eps")
+        self.delta = non_negative(delta, "delta")
+        self.entropy_offset = non_negative(entropy_offset, "entropy_offset")
+        self.fallback = choice(fallback, "fallback", FALLBACKS)
 
     def threshold(self, p: np.ndarray) -> float:
         return threshold(p, self.eps, self.delta, self.entropy_offset)
