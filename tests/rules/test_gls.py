@@ -20,7 +20,7 @@ from coupling import (
 from coupling.check import trace_mass
 from coupling.rules import gls
 from coupling.rules.gls import Gls, laws, list_matching, list_noise, own_column
-from coupling.rules.gumbel import conditional_noise
+from coupling.rules.gumbel import conditional_noise, pair_from_noise
 from tests.strategies import model_pair, rule_pairs
 
 GLS = RULES["gls"]
@@ -66,6 +66,19 @@ def test_one_column_is_the_gumbel_coupling():
         assert np.abs(GLS.joint(p, q) - RULES["gumbel"].joint(p, q)).max() < 1e-14
         u = np.clip(rng.random(6), 1e-12, None)
         assert GLS.verify(p, q, [2], u) == RULES["gumbel"].verify(p, q, [2], u)
+
+
+def test_one_position_from_explicit_noise():
+    """The deterministic core on explicit noise: K = 1 is the Gumbel pair, and the output is
+    the target's token over the columns' maximum whatever q."""
+    rng = np.random.default_rng(9)
+    for _ in range(50):
+        G = rng.gumbel(size=(3, 5))
+        d, y = gls.list_from_noise(P5, Q5, G)
+        assert y == gls.target_token(P5, G) == gls.list_from_noise(P5, P5[::-1], G)[1]
+        assert d.tolist() == [int(np.argmax(np.log(Q5) + g)) for g in G]
+        one, y1 = gls.list_from_noise(P5, Q5, G[:1])
+        assert (int(one[0]), y1) == pair_from_noise(P5, Q5, G[0])
 
 
 def test_collision_probability_against_literal_shared_noise():

@@ -74,7 +74,8 @@ from ..walk import survivor_counts, walk_outcomes
 from . import laws
 from .laws import list_matching, own_column
 
-__all__ = ["acceptance", "joint", "verify", "target_token", "list_noise", "draft_block",
+__all__ = ["acceptance", "joint", "verify", "target_token", "list_from_noise", "list_noise",
+           "draft_block",
            "own_column", "list_matching", "Gls", "RULE"]
 
 
@@ -96,6 +97,15 @@ def target_token(p: np.ndarray, G: np.ndarray) -> int:
     """``argmax log p + max_c G[c]``: what the target alone emits with the noise ``G [K, V]``."""
     with np.errstate(divide="ignore"):
         return int(np.argmax(np.log(p) + G.max(axis=0)))
+
+
+def list_from_noise(p: np.ndarray, q: np.ndarray, G: np.ndarray) -> tuple[np.ndarray, int]:
+    """Deterministic core of one position: noise ``G [K, V]`` -> ``(drafts [K], Y)``, column
+    ``c`` drafting ``argmax log q + G[c]``; ``K = 1`` is
+    :func:`coupling.rules.gumbel.pair_from_noise`."""
+    with np.errstate(divide="ignore"):
+        drafts = np.argmax(np.log(q)[None, :] + G, axis=1)
+    return drafts, target_token(p, G)
 
 
 def verify(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, u: np.ndarray) -> int:
