@@ -2,8 +2,8 @@
 
 ``RULES`` maps a name to its :class:`~coupling.rules.base.Rule`: every layer of the package
 (the exact analysis, :func:`coupling.check_rule`, the CLI, :func:`coupling.verify`) finds a
-rule here and nowhere else. Variants are parameters (``k``,
-``replacement``), not names.
+rule here and nowhere else. Variants are parameters (``k``, ``replacement``, and a rule's own:
+``Typical(eps=...)``, ``Relaxed(topk=...)``, ``Optimal(sampler=...)``), not names.
 
 =========  =============================================================  ==================
 name       rule                                                           drafts
@@ -12,7 +12,7 @@ token      speculative sampling (Leviathan et al. 2023; Chen et al. 2023)  k = 1
 block      block verification (Sun et al. 2025)                           one block, k = 1
 kseq       SpecTr k-sequential selection (Sun et al. 2023)                k >= 1, i.i.d.
 rrs        recursive rejection sampling (SpecInfer; Yang; Jeon 2024)      k >= 1, both
-optimal    LP-optimal verification (min-cut value; plan through the cut)  k >= 1, both
+optimal    LP-optimal verification (min cut; plan or race through it)    k >= 1, both
 gumbel     shared-Gumbel drafter-invariant coupling (Daliri et al. 2024)  k = 1
 minhash    weighted-MinHash drafter-invariant coupling (Daliri et al.)    k = 1
 strict     exact match: the target's own sample among the drafts          k >= 1, both
