@@ -4,7 +4,8 @@ The names a user needs are importable from here (the submodules hold the rest):
 
 * distributions: :func:`as_distribution`, :func:`check_pair`, :func:`tv`, :func:`tuple_law`;
 * the LP oracle: :func:`solve_coupling`, :func:`solve_draft_law`, :func:`solve_transport`,
-  :class:`Coupling`, :class:`SolverError`, :func:`optimal_acceptance`;
+  :class:`Coupling`, :class:`SolverError`, :func:`optimal_acceptance`,
+  :func:`optimal_lossy_acceptance` (the oracle of a lossy rule, at its distortion);
 * the rules: :data:`RULES` (name -> rule), :data:`NEGATIVE_CONTROLS`, :func:`check_rule`,
   :func:`check_sampler`;
 * sequences: :class:`TabularLM`, :class:`TraceLM`, :func:`block_efficiency`,
@@ -41,7 +42,13 @@ from .sequence import (
     tree_verifier_lp,
     verifier_lp,
 )
-from .solve import Coupling, solve_coupling, solve_draft_law, solve_transport
+from .solve import (
+    Coupling,
+    optimal_lossy_acceptance,
+    solve_coupling,
+    solve_draft_law,
+    solve_transport,
+)
 from .solvers import SolverError
 
 __version__ = "0.1.0"
@@ -57,6 +64,7 @@ __all__ = [
     "solve_draft_law",
     "solve_transport",
     "optimal_acceptance",
+    "optimal_lossy_acceptance",
     "RULES",
     "NEGATIVE_CONTROLS",
     "Rule",

@@ -9,6 +9,10 @@ Examples
     coupling analyze --target 1/3,2/3 --draft 2/3,1/3 --gamma 2      # Sun et al.'s example
     coupling analyze --target 0.5,0.3,0.2 --draft 0.2,0.2,0.6 --drafts 3 --without-replacement
 
+Lossy rules (``typical``, ``relaxed``) are listed with their exact distortion (the total
+variation between their output law and the target) next to the acceptance it buys, and the
+best acceptance any coupling reaches at that distortion (an LP).
+
 A registered command is a function ``main(argv: list[str]) -> int`` named by an entry point
 ``name = "module:function"`` in the group ``coupling.commands``; ``coupling name ...`` calls
 it with the remaining arguments.
@@ -57,6 +61,7 @@ def analyze(
     """Exact analysis of one (target, draft) pair; the CLI prints what this returns."""
     from .rules import RULES
     from .rules.optimal import optimal_acceptance
+    from .solve import optimal_lossy_acceptance
 
     p, q = check_pair(p, q, names=("target", "draft"))
     out: dict[str, Any] = {
@@ -87,14 +92,19 @@ def analyze(
         lo, hi = rule.bound(p, q, k, replacement=replacement)
         # a rule that drafts its own law (greedy) is measured against the LP of that law
         own = rule.optimum(p, q, k, replacement=replacement)
-        out["rules"][name] = {
+        out["rules"][name] = row = {
             "acceptance": acc,
             "optimum_of_its_draft_law": own,
             "ratio_to_optimum": acc / own if own > 0 else float("nan"),
             "bound_low": lo,
             "bound_high": hi,
             "bound": rule.bound_text,
+            "lossless": rule.lossless,
+            "distortion": rule.distortion(p, q, k, replacement=replacement),
         }
+        if not rule.lossless:
+            row["optimum_at_distortion"] = optimal_lossy_acceptance(
+                p, q, k, distortion=row["distortion"], replacement=replacement)
     if gamma is not None:
         out["block"] = _block_analysis(p, q, gamma=gamma, seed=seed, k=k,
                                        replacement=replacement)
@@ -169,6 +179,16 @@ def _print_analysis(res: dict[str, Any]) -> None:
             f"{name:<16}{r['acceptance']:>16.12f}{r['ratio_to_optimum']:>12.6f}   "
             f"{r['bound']}  [{r['bound_low']:.6f}, {r['bound_high']:.6f}]"
         )
+    lossy = {name: r for name, r in res["rules"].items() if not r["lossless"]}
+    if lossy:
+        print()
+        print("LOSSY rules: their output is not the target's law")
+        print(f"{'rule':<16}{'acceptance':>16}{'distortion':>16}{'best at it':>16}")
+        for name, r in lossy.items():
+            print(f"{name:<16}{r['acceptance']:>16.12f}{r['distortion']:>16.12f}"
+                  f"{r['optimum_at_distortion']:>16.12f}")
+        print("  distortion = TV(output law, target); best at it = the most any coupling "
+              "accepts at that distortion (LP)")
     if "block" in res:
         b = res["block"]
         print()
@@ -181,7 +201,9 @@ def _print_analysis(res: dict[str, Any]) -> None:
             print(f"  {label}")
             for rule, value in d.items():
                 if rule not in ("vocab_size", "order"):
-                    print(f"    {rule:<26}{value:.12f}")
+                    lossy = "  (LOSSY)" if rule in res["rules"] and \
+                        not res["rules"][rule]["lossless"] else ""
+                    print(f"    {rule:<26}{value:.12f}{lossy}")
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:

@@ -9,7 +9,9 @@ set of distinct tokens in it, so the LPs of :mod:`coupling.solve` and the optima
   ``V`` is large.
 
 Two drafts have a closed-form set law (:func:`pair_sets`, no ``V^2`` tuple enumeration);
-any ``k`` can be grouped from the enumerated tuple law (:func:`group_by_set`).
+any ``k`` can be grouped from the enumerated tuple law (:func:`group_by_set`). The
+probability that a token is drafted (while no draft falls in a given set) is
+:func:`inclusion`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ __all__ = [
     "pair_sets",
     "pair_index",
     "others_sum",
+    "inclusion",
 ]
 
 
@@ -138,3 +141,50 @@ def pair_index(a, b, V: int, replacement: bool):
     if replacement:
         return lo * V - lo * (lo - 1) // 2 + (hi - lo)
     return np.where(lo == hi, -1, lo * (V - 1) - lo * (lo - 1) // 2 + (hi - lo - 1))
+
+
+def inclusion(q: np.ndarray, k: int, replacement: bool,
+              avoid: np.ndarray | None = None) -> np.ndarray:
+    r"""``P(y is among the k drafts and no draft lies in avoid)`` for every token ``y``, ``[V]``
+    (``avoid`` a boolean mask, default empty: the inclusion probabilities; 0 on ``avoid``).
+
+    With :math:`b = q(\text{avoid}^c)`: i.i.d. drafts give :math:`b^k - (b - q_y)^k
+    = b^k \,(1 - (1 - q_y/b)^k)`, written with ``expm1``/``log1p`` so that a tiny ``q_y``
+    keeps its digits (any ``V``). Without replacement (successive sampling) ``k = 1`` is
+    :math:`q_y`, ``k = 2`` is :math:`q_y [(b - q_y)/(1 - q_y) + \sum_{a \notin
+    \text{avoid},\, a \ne y} q_a / (1 - q_a)]` (any ``V``; each ratio taken where it cannot
+    overflow, as in :func:`pair_sets`), and ``k >= 3`` enumerates the tuple law (small ``V``:
+    :func:`coupling.dist.tuple_law` refuses past its limit).
+    """
+    avoid = np.zeros(q.size, dtype=bool) if avoid is None else avoid
+    free = ~avoid & (q > 0)
+    out = np.zeros_like(q)
+    if replacement:
+        b = float(q[free].sum())
+        if b > 0:
+            with np.errstate(divide="ignore"):      # q_y = b: log1p(-1) = -inf, expm1 -> -1
+                out[free] = b**k * -np.expm1(k * np.log1p(-np.minimum(q[free] / b, 1.0)))
+        return out
+    if k == 1:
+        out[free] = q[free]
+        return out
+    if k == 2:
+        rest = others_sum(q)                       # 1 - q_a, kept accurate near q_a = 1
+        j = int(np.argmax(q))                      # the one token whose 1 - q_j may be tiny
+        ok = free & (np.arange(q.size) != j)
+        terms = np.divide(q, rest, out=np.zeros_like(q), where=ok & (rest > 0))   # each <= 1
+        # b - q_y as the sum of the other free entries (no cancellation when q_y is near b)
+        own = np.divide(others_sum(np.where(free, q, 0.0)), rest, out=np.zeros_like(q),
+                        where=rest > 0)
+        tail = np.zeros_like(q)
+        if free[j] and rest[j] > 0:
+            tail[ok] = q[j] * np.minimum(q[ok] / rest[j], 1.0)   # q_y <= 1 - q_j: no overflow
+        out[free] = (q * (np.minimum(own, 1.0) + terms.sum() - terms) + tail)[free]
+        return np.minimum(out, 1.0)
+    from .dist import tuple_law
+
+    tuples, probs = tuple_law(q, k, replacement=False)
+    keep = ~avoid[tuples].any(axis=1)
+    for i in range(k):                             # distinct drafts: each position counts once
+        np.add.at(out, tuples[keep, i], probs[keep])
+    return out

@@ -16,6 +16,10 @@ outputs a token :math:`y` with law exactly ``p`` is a coupling :math:`\pi` of
 an optimal-transport problem with the 0/1 *membership cost* (SpecTr, Sun et al. 2023).
 For ``k = 1`` it is the maximal coupling, :math:`\alpha^\star = 1 - \mathrm{TV}(p, q)`.
 
+A *lossy* rule outputs some law :math:`\nu \ne p`; the best acceptance at its distortion
+:math:`D = \mathrm{TV}(\nu, p)` is the same LP with the output marginal free inside the TV
+ball, :func:`optimal_lossy_acceptance` (the oracle a lossy rule is measured against).
+
 Structure used (all of it exact)
 --------------------------------
 * The cost of a row depends only on the *set* of distinct tokens in the tuple, so
@@ -38,14 +42,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+import scipy.sparse as sp
 from numpy.typing import ArrayLike
 
 from .dist import as_distribution, check_pair, tuple_law, validate_k
 from .draftsets import group_by_set, padded_sets
-from .solvers import SOLVERS, SolverError, check_solver, max_flow, rebalance, transport
+from .solvers import (
+    SOLVERS,
+    SolverError,
+    check_solver,
+    highs_lp,
+    max_flow,
+    rebalance,
+    transport,
+)
 
 __all__ = ["Coupling", "solve_coupling", "solve_draft_law", "solve_sets", "solve_transport",
-           "SOLVERS", "COUPLING_SOLVERS", "SolverError"]
+           "optimal_lossy_acceptance", "SOLVERS", "COUPLING_SOLVERS", "SolverError"]
 
 #: Largest dense plan (draft tuples times vocabulary) an LP here builds: 160 MB of float64.
 MAX_PLAN_ENTRIES = 20_000_000
@@ -267,3 +280,55 @@ def _on_tuples(plan_s, acceptance, status, tuples, probs, set_index, mass, solve
     return Coupling(acceptance=min(1.0, max(0.0, acceptance)), plan=plan, tuples=tuples,
                     tuple_probs=probs, solver=solver, status=status, k=int(tuples.shape[1]),
                     replacement=replacement)
+
+
+def optimal_lossy_acceptance(p: ArrayLike, q: ArrayLike, k: int = 1, *, distortion: float,
+                             replacement: bool = True) -> float:
+    r"""Best acceptance of any coupling of ``k`` drafts from ``q`` whose output law
+    :math:`\nu` lies within ``distortion`` of ``p`` in total variation.
+
+    .. math::
+
+        \alpha^\star_D = \max \{\pi\{y \in x\} : \pi \in \Pi(Q_k, \nu),\
+                         \mathrm{TV}(\nu, p) \le D\},
+
+    the optimum a lossy rule of distortion ``D`` is compared with (``D = 0``: the lossless
+    optimum of :func:`solve_coupling`). Over draft sets ``s`` (mass :math:`m_s`) the LP has a
+    flow :math:`f_{s,y}` on every membership edge (``y`` in ``s``), the unmatched output mass
+    :math:`g_y \ge 0`, and :math:`a_y, b_y \ge 0` with
+    :math:`\sum_{s \ni y} f_{s,y} + g_y - p_y = a_y - b_y`,
+    :math:`\sum_y (a_y + b_y) \le 2D`, :math:`\sum_y f_{s,y} \le m_s`,
+    :math:`\sum f + \sum g = 1`; it maximises :math:`\sum f`. Leaving the unmatched mass's
+    output free loses nothing: any placement of it is a coupling whose acceptance is at
+    least :math:`\sum f`. Solved by HiGHS (:func:`coupling.solvers.highs_lp`, status
+    checked); enumerates the set law, so small ``V``.
+    """
+    pa, qa = check_pair(p, q)
+    k = validate_k(k)
+    if isinstance(distortion, bool) or not isinstance(distortion, (int, float, np.floating)) \
+            or not np.isfinite(distortion) or distortion < 0:
+        raise ValueError(f"distortion must be a finite number >= 0 (a total-variation "
+                         f"distance), got {distortion!r}")
+    tuples, probs = tuple_law(qa, k, replacement=replacement)
+    V = pa.size
+    _, mass, members = group_by_set(tuples, probs, V)
+    mass, pa = rebalance(mass, pa)
+    S = mass.size
+    set_of, token_of = np.nonzero(members)                     # the membership edges
+    E = set_of.size
+    n = E + 3 * V + S + 1                                      # f, g, a, b, set slacks, D slack
+    rows = [set_of, S + token_of, np.full(E, S + V), np.arange(S), S + np.arange(V),
+            np.full(V, S + V), S + np.arange(V), np.full(V, S + V + 1), S + np.arange(V),
+            np.full(V, S + V + 1), np.array([S + V + 1])]
+    cols = [np.arange(E), np.arange(E), np.arange(E), E + 3 * V + np.arange(S),
+            E + np.arange(V), E + np.arange(V), E + V + np.arange(V), E + V + np.arange(V),
+            E + 2 * V + np.arange(V), E + 2 * V + np.arange(V), np.array([n - 1])]
+    vals = [np.ones(E), np.ones(E), np.ones(E), np.ones(S), np.ones(V), np.ones(V), -np.ones(V),
+            np.ones(V), np.ones(V), np.ones(V), np.ones(1)]
+    A = sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                      shape=(S + V + 2, n))
+    b = np.concatenate([mass, pa, [1.0, 2.0 * min(float(distortion), 1.0)]])
+    c = np.zeros(n)
+    c[:E] = -1.0
+    x, _ = highs_lp(c, A, b, what="lossy coupling LP")
+    return float(min(1.0, max(0.0, x[:E].sum())))

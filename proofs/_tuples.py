@@ -1,4 +1,5 @@
-"""Exact (Fraction) law of k drafts, shared by the proofs that enumerate draft tuples."""
+"""Exact (Fraction) law of k drafts and rational grids of laws, shared by the proofs that
+enumerate them."""
 
 from __future__ import annotations
 
@@ -23,3 +24,10 @@ def exact_tuple_law(q, k: int, replacement: bool) -> dict[tuple[int, ...], Fract
                 used += q[x]
         out[t] = pr
     return out
+
+
+def rational_grid(V: int, N: int):
+    """Every law over ``V`` tokens whose probabilities are multiples of ``1/N`` (Fractions)."""
+    for c in itertools.product(range(N + 1), repeat=V - 1):
+        if sum(c) <= N:
+            yield [Fraction(x, N) for x in c] + [Fraction(N - sum(c), N)]

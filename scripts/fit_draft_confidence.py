@@ -82,13 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
     import torch
     import train_draft
+    from coupling.optimal import optimal_acceptance
 
     from coupling.llm import engine as E
     from coupling.llm import feature_draft as FD
     from coupling.llm import models
     from coupling.llm.predict import _support_pair
     from coupling.llm.sampling import SamplingConfig
-    from coupling.optimal import optimal_acceptance
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--prompts", type=int, default=16)

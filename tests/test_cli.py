@@ -71,6 +71,28 @@ def test_analyze_block_paper_example(capsys):
         assert b[name] == pytest.approx(b["token"], abs=1e-12), name
 
 
+def test_lossy_rules_show_their_distortion(capsys):
+    """typical and relaxed are flagged lossy with their exact distortion and the LP optimum at
+    that distortion; every lossless rule reports distortion 0."""
+    args = ["analyze", "--target", "0.5,0.3,0.2", "--draft", "0.2,0.2,0.6", "--drafts", "2",
+            "--json"]
+    assert main(args) == 0
+    rules = json.loads(capsys.readouterr().out)["rules"]
+    from coupling import RULES
+
+    for name, r in rules.items():
+        assert r["lossless"] == RULES[name].lossless
+        if r["lossless"]:
+            assert r["distortion"] == 0
+        else:
+            assert r["distortion"] == pytest.approx(
+                RULES[name].distortion([0.5, 0.3, 0.2], [0.2, 0.2, 0.6], 2), abs=1e-15)
+            assert 0 < r["distortion"] and r["acceptance"] <= r["optimum_at_distortion"] + 1e-9
+    assert {"typical", "relaxed"} <= {n for n, r in rules.items() if not r["lossless"]}
+    proc = run_cli("analyze", "--target", "0.5,0.3,0.2", "--draft", "0.2,0.2,0.6")
+    assert "LOSSY rules" in proc.stdout and "distortion" in proc.stdout
+
+
 def test_analyze_table_output():
     proc = run_cli("analyze", "--target", "0.5,0.3,0.2", "--draft", "0.2,0.2,0.6")
     assert proc.returncode == 0, proc.stderr

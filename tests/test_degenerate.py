@@ -1,8 +1,9 @@
 """Hypothesis properties over degenerate laws, for every single-step rule and every solver:
 point masses, disjoint supports, subnormal and 1e-300 entries, exact ties. Each rule stays a
-valid, lossless coupling there (or raises a clear error), with no warning, and its acceptance
-lies in [0, 1] and below the LP optimum of its information model. A rule added to the
-registry is covered by construction."""
+valid coupling there, lossless or (a rule labelled lossy) with exactly the output law it
+reports, or raises a clear error, with no warning, and its acceptance lies in [0, 1] and below
+the LP optimum of its information model (for a lossy rule: at its own distortion). A rule
+added to the registry is covered by construction."""
 
 from __future__ import annotations
 
@@ -75,11 +76,14 @@ def test_every_rule_is_a_lossless_coupling_on_degenerate_laws(name, k, replaceme
         warnings.simplefilter("error")             # no overflow / divide warning may escape
         report = coupling.check_rule(rule, p, q, k, replacement=replacement)
         acc = rule.acceptance(p, q, k, replacement=replacement)
-    assert report.lossless, report
+    assert report.lossless if rule.lossless else report.law_err < 1e-12, report
     assert report.draft_err < 1e-12, report
     assert report.acceptance_err < 1e-12, report
     assert 0.0 <= acc <= 1.0
-    assert acc <= report.optimum + 1e-12, report
+    if rule.lossless:
+        assert acc <= report.optimum + 1e-12, report
+    else:                  # the lossy LP is HiGHS's answer, certified to its tolerance
+        assert report.within_optimum and not report.lossless, report
     lo, hi = rule.bound(p, q, k, replacement=replacement)
     assert lo - 1e-12 <= acc <= hi + 1e-12, (lo, acc, hi)
 

@@ -209,8 +209,9 @@ def test_native_inverse_cdf_draws_the_torch_draws(rows, V, zeros, seed):
     """``inverse_cdf`` is the float64 cumsum + searchsorted draw, bit for bit: the engine's
     drafts (``engine._sample_rows``, generator uniforms) and ``sampling.sample_rows`` (the
     plain sampler's), against the backend's torch ``sample_rows``."""
-    from coupling.llm import sampling
     from coupling.torch_backend._common import sample_rows
+
+    from coupling.llm import sampling
 
     _native_or_skip("inverse_cdf")
     g = torch.Generator().manual_seed(seed)

@@ -2,14 +2,17 @@
 
 ``decide`` verifies one request's block (``k`` branches) with a rule. On a CPU it calls the
 rule's numpy core openly (:meth:`coupling.rules.base.Rule.verify_block`), fed the keyed
-uniforms the batched twin would draw for this request (:func:`coupling.keyed.call_uniforms`):
+uniforms the batched twin would draw for this request (the rule's ``call_uniforms``):
 one request's compressed laws hold a few hundred entries, where a numpy step costs about a
 microsecond against 5-15 for a torch operation (``python benchmarks/bench_decide.py``); on a
 GPU it calls the batched twin (:func:`coupling.verify`). ``sample_target`` is the plain sampler
 used when nothing is drafted (and by the autoregressive baseline): inverse CDF with the keyed
 uniform ``U(seed, t, STREAM_SAMPLE, 0)``, or, for ``gumbel``, ``argmax(log p + G(seed, t))``
 with the keyed Gumbel noise, so that under one seed plain sampling and gumbel verification emit
-the same stream whatever the drafter (drafter invariance).
+the same stream whatever the drafter (drafter invariance). ``gls`` is verified the same way
+(its list columns belong to the drafter; with any other drafter it stays lossless and
+invariant, at a lower acceptance), and ``strict`` draws the target's token at each absolute
+position with that same plain-sampling uniform.
 """
 
 from __future__ import annotations
@@ -28,6 +31,9 @@ MULTI_DRAFT_RULES = tuple(n for n, r in RULES.items() if r.max_drafts != 1) + ("
                                                                                "optimal_wor")
 #: every rule name the engine takes
 RULES_ENGINE = SINGLE_DRAFT_RULES + MULTI_DRAFT_RULES
+#: rules whose verifier emits the target's keyed Gumbel-max token (fed the keyed noise, not
+#: uniforms): gls's list columns live on the drafter's side, its verifier is gumbel's
+GUMBEL_NOISE_RULES = ("gumbel", "gls")
 #: engine rule names whose k branches start with k *distinct* tokens (successive sampling from
 #: q_1), and the rule that checks them with ``replacement=False``
 WITHOUT_REPLACEMENT = {"rrs_wor": "rrs", "optimal_wor": "optimal"}
@@ -148,7 +154,7 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
     else:
         check_inputs(drafts[None], p[None], q[None], seed, position)
         kwargs = {"replacement": repl}
-        if name == "gumbel":
+        if name in GUMBEL_NOISE_RULES:
             kwargs["noise"] = _gumbel_noise_torch(seed, position, drafts.shape[1], V, idx, p)
         verdict = RULES[name].torch.verify(drafts[None], p[None], q[None], seeds=seed,
                                            positions=position, **kwargs)
@@ -167,11 +173,11 @@ def _decide_numpy(name: str, replacement: bool, drafts: torch.Tensor, p: torch.T
     d = drafts.numpy()
     P, Q = p.detach().numpy(), q.detach().numpy()
     rule = RULES[name]
-    if name == "gumbel":
+    if name in GUMBEL_NOISE_RULES:
         tokens = np.arange(P.shape[-1]) if idx is None else idx.numpy()
         noise = keyed.gumbel_noise(seed, position + np.arange(g + 1), tokens)
         return rule.verify_block(d, P, Q, noise, replacement=replacement)
-    coins, u = keyed.call_uniforms(seed, position, g, k)
+    coins, u = rule.call_uniforms(seed, position, g, k)
     return rule.verify_block(d, P, Q, coins, u, replacement=replacement)
 
 
@@ -212,7 +218,7 @@ def sample_target(rule: str, p: torch.Tensor, seed: int, position: int,
 
     from .sampling import sample_rows
 
-    if rule == "gumbel":
+    if rule in GUMBEL_NOISE_RULES:
         return int(_gumbel_argmax(p, seed, position, "p")[0])
     check_probs(p, "p")
     seeds = torch.tensor([seed], device=p.device)

@@ -2,8 +2,9 @@
 
 ``RULES`` maps a name to its :class:`~coupling.rules.base.Rule`: every layer of the package
 (the exact analysis, :func:`coupling.check_rule`, the CLI, :func:`coupling.verify`) finds a
-rule here and nowhere else. Variants are parameters (``k``, ``replacement``, the
-``selection`` of ``is``), not names.
+rule here and nowhere else. Variants are parameters (``k``, ``replacement``, and a rule's own:
+the ``selection`` of ``is``, ``Typical(eps=...)``, ``Relaxed(topk=...)``,
+``Optimal(sampler=...)``), not names.
 
 =========  =============================================================  ==================
 name       rule                                                           drafts
@@ -12,7 +13,7 @@ token      speculative sampling (Leviathan et al. 2023; Chen et al. 2023)  k = 1
 block      block verification (Sun et al. 2025)                           one block, k = 1
 kseq       SpecTr k-sequential selection (Sun et al. 2023)                k >= 1, i.i.d.
 rrs        recursive rejection sampling (SpecInfer; Yang; Jeon 2024)      k >= 1, both
-optimal    LP-optimal verification (min-cut value; plan through the cut)  k >= 1, both
+optimal    LP-optimal verification (min cut; plan or race through it)    k >= 1, both
 gumbel     shared-Gumbel drafter-invariant coupling (Daliri et al. 2024)  k = 1
 minhash    weighted-MinHash drafter-invariant coupling (Daliri et al.)    k = 1
 greedy     greedy drafts and their optimal verifier (Hu et al. 2025)      k >= 1, own law
@@ -20,7 +21,14 @@ is         importance-sampling selection (Khisti et al. 2025)             k >= 1
 spechub    a hub draft and one sample, staged plan (Sun et al. 2024)      k <= 2, own law
 traversal  traversal verification of a draft tree (Weng et al. 2025)      k >= 1, both
 gbv        greedy multi-path block verification (Thomas & Pal 2026)       k >= 1, i.i.d.
+strict     exact match: the target's own sample among the drafts          k >= 1, both
+gls        Gumbel-max list sampling, drafter-invariant (Rowan et al.)     k >= 1, i.i.d.
+typical    Medusa typical acceptance (Cai et al. 2024): LOSSY             k >= 1, both
+relaxed    top-k within a margin of the best (TensorRT-LLM): LOSSY        k >= 1, both
 =========  =============================================================  ==================
+
+``typical`` and ``relaxed`` are lossy (``rule.lossless`` is False): their output law is not
+the target's, and they report it exactly (``rule.output_law``, ``rule.distortion``).
 
 A rule's folder holds its math (module docstring), closed-form acceptance, exact law,
 deterministic numpy core with explicit uniforms, sampler, bound and batched torch twin
@@ -35,6 +43,7 @@ from .block import PLAIN_RESIDUAL
 from .block import RULE as BLOCK
 from .gbv import RULE as GBV
 from .gbv import GBVControl
+from .gls import RULE as GLS
 from .greedy import RULE as GREEDY
 from .gumbel import EMIT_DRAFT
 from .gumbel import RULE as GUMBEL
@@ -42,15 +51,19 @@ from .importance import RULE as IMPORTANCE
 from .kseq import RULE as KSEQ
 from .minhash import RULE as MINHASH
 from .optimal import RULE as OPTIMAL
+from .relaxed import RULE as RELAXED
 from .rrs import RULE as RRS
 from .spechub import RULE as SPECHUB
+from .strict import RULE as STRICT
 from .token import NO_RESIDUAL
 from .token import RULE as TOKEN
 from .traversal import RULE as TRAVERSAL
 from .traversal import TraversalControl
+from .typical import RULE as TYPICAL
 
-RULES: dict[str, Rule] = {r.name: r for r in (TOKEN, BLOCK, KSEQ, RRS, OPTIMAL, GUMBEL, MINHASH,
-                                               GREEDY, IMPORTANCE, SPECHUB, TRAVERSAL, GBV)}
+RULES: dict[str, Rule] = {r.name: r for r in (
+    TOKEN, BLOCK, KSEQ, RRS, OPTIMAL, GUMBEL, MINHASH, GREEDY, IMPORTANCE, SPECHUB, STRICT, GLS,
+    TRAVERSAL, GBV, TYPICAL, RELAXED)}
 #: deliberately broken rules, for the harnesses' negative controls (the tree rules' subtler
 #: controls, lossy only on dedicated instances, live in their tests)
 NEGATIVE_CONTROLS: dict[str, Rule] = {r.name: r for r in (

@@ -21,7 +21,8 @@ gamma, block, tree
 
 A rule subclasses :class:`Rule`, declares what it is (``name``, ``reference``, which draft laws
 and how many drafts it takes, whether it is lossless or drafter-invariant) and implements the
-hooks ``_acceptance``, ``_joint``, ``_verify``, ``_bound`` on validated float64 arrays. The
+hooks ``_acceptance``, ``_joint``, ``_verify``, ``_bound`` on validated float64 arrays (a
+lossy rule also ``_output_law``, its exact output law). The
 base class validates every public call once, draws the uniforms, lifts the single-step rule
 to blocks and trees (:mod:`coupling.rules.walk`), and finds the batched torch twin in the
 rule's folder (its module ``torch``, imported on first use).
@@ -78,7 +79,8 @@ class Rule:
     max_drafts: ClassVar[int | None] = None
     #: the draft laws it is defined for: ``True`` i.i.d., ``False`` distinct (successive)
     draft_laws: ClassVar[tuple[bool, ...]] = (True, False)
-    #: whether its output has exactly the target law (else it reports its distortion)
+    #: whether its output has exactly the target law; a lossy rule (``False``) reports its exact
+    #: output law and distortion (:meth:`output_law`, :meth:`distortion`)
     lossless: ClassVar[bool] = True
     #: whether its output under a fixed seed does not depend on the drafter
     drafter_invariant: ClassVar[bool] = False
@@ -183,6 +185,20 @@ class Rule:
         pa, qa, k, replacement = self.prepare(p, q, k, replacement)
         return self._joint(pa, qa, k, replacement)
 
+    def output_law(self, p: ArrayLike, q: ArrayLike, k: int = 1, *,
+                   replacement: bool = True) -> np.ndarray:
+        """Exact law ``[V]`` of the output token: ``p`` for a lossless rule (what it promises;
+        :func:`coupling.check_rule` holds it to that), a lossy rule's own closed form."""
+        pa, qa, k, replacement = self.prepare(p, q, k, replacement)
+        return self._output_law(pa, qa, k, replacement)
+
+    def distortion(self, p: ArrayLike, q: ArrayLike, k: int = 1, *,
+                   replacement: bool = True) -> float:
+        r"""Exact distortion :math:`\mathrm{TV}(\nu, p)` of the output law :math:`\nu`
+        (:meth:`output_law`): 0 for a lossless rule."""
+        pa, qa, k, replacement = self.prepare(p, q, k, replacement)
+        return 0.5 * float(np.abs(self._output_law(pa, qa, k, replacement) - pa).sum())
+
     def bound(self, p: ArrayLike, q: ArrayLike, k: int = 1, *,
               replacement: bool = True) -> tuple[float, float]:
         """``(lower, upper)``: the rule's own guarantee on its acceptance (:attr:`bound_text`)."""
@@ -211,6 +227,15 @@ class Rule:
         pa, qa, d, replacement = self._prepare_drafts(p, q, drafts, replacement)
         u = self.draw_uniforms(require_generator(rng), self.n_uniforms(d.size, pa.size))
         return int(self._verify(pa, qa, d, u, replacement))
+
+    def call_uniforms(self, seed: int, position: int, gamma: int,
+                      k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The keyed uniforms of one request's call, ``(coins [gamma, k], u [gamma + 1])`` for
+        :meth:`verify_block`: the numbers the rule's torch twin draws for this request
+        (:func:`coupling.keyed.call_uniforms` unless the rule keys its own)."""
+        from ..keyed import call_uniforms
+
+        return call_uniforms(seed, position, gamma, k)
 
     def draw_uniforms(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` uniforms from ``rng`` in the rule's interval."""
@@ -366,6 +391,11 @@ class Rule:
     def _bound(self, p: np.ndarray, q: np.ndarray, k: int,
                replacement: bool) -> tuple[float, float]:
         raise NotImplementedError
+
+    def _output_law(self, p: np.ndarray, q: np.ndarray, k: int,
+                    replacement: bool) -> np.ndarray:
+        # the lossless promise; a lossy rule (lossless = False) overrides it with its exact law
+        return p.copy()
 
     def __repr__(self) -> str:
         return f"<rule {self.name!r}: {self.title}>"

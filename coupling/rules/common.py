@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import functools
+from types import ModuleType, SimpleNamespace
+
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["categorical", "residual", "normalise", "require_generator", "check_uniforms"]
+__all__ = ["categorical", "residual", "normalise", "require_generator", "check_uniforms",
+           "bound_twin"]
 
 
 def categorical(weights: np.ndarray, u: float) -> int:
@@ -67,3 +71,10 @@ def check_uniforms(u: ArrayLike, n: int, *, open_interval: bool = False,
         span = "(0, 1)" if open_interval else "[0, 1)"
         raise ValueError(f"{name} must lie in {span}, got {arr.tolist()}")
     return arr.astype(np.float64, copy=False)
+
+
+def bound_twin(module: ModuleType, rule) -> SimpleNamespace:
+    """A rule's torch twin bound to a parameterised instance: ``verify`` and ``step`` of
+    ``module`` with ``rule=rule`` (the registry's instance is the twin's default)."""
+    return SimpleNamespace(verify=functools.partial(module.verify, rule=rule),
+                           step=functools.partial(module.step, rule=rule))

@@ -31,6 +31,7 @@ from ..torch_helpers import (
     check_single_step_joint_law,
     check_single_step_parity,
     chi2_pvalue,
+    numpy_keyed_rows,
     random_trees,
     simulate_tree_stream,
     string_counts,
@@ -82,10 +83,17 @@ def test_tree_stream_lossless(replacement):
 
 
 # ----------------------------------------------------------------------------- validation
-def test_large_vocabulary_raises_clearly():
+def test_large_vocabulary_samples_iid_drafts_and_refuses_distinct_ones_clearly():
+    """Past the plan's size, i.i.d. drafts are sampled by the race through the cut (the numpy
+    core's verdict on the same keyed uniforms); distinct drafts have no exact sampler there,
+    and the twin says so."""
     V, k = 2000, 2
-    P = torch.full((1, k, 2, V), 1.0 / V)
-    Q = torch.full((1, k, 1, V), 1.0 / V)
+    P = torch.full((1, k, 2, V), 1.0 / V, dtype=torch.float64)
+    Q = torch.full((1, k, 1, V), 1.0 / V, dtype=torch.float64)
     X = torch.tensor([[[3], [5]]])
-    with pytest.raises(ValueError, match="no exact large-vocabulary sampler"):
-        verify(X, P, Q, seeds=0, positions=0)
+    got = verify(X, P, Q, seeds=0, positions=0)
+    assert [tuple(r) for r in zip(got.accepted.tolist(), got.branch.tolist(),
+                                  got.next_token.tolist(), strict=True)] \
+        == numpy_keyed_rows("optimal", X, P, Q, [0], [0])
+    with pytest.raises(ValueError, match="no exact large-vocabulary sampler for distinct"):
+        verify(X, P, Q, seeds=0, positions=0, replacement=False)

@@ -22,13 +22,22 @@ Sampler and exact law
 
   Two drafts never enumerate tuples: the plan is over the ``U(U+1)/2`` sets of the
   support's ``U`` tokens (:func:`coupling.draftsets.pair_sets`), where the whole
-  LP had ``U^2`` rows and ``U`` columns. ``k >= 3`` enumerates the tuple law. The rule
-  raises ``ValueError`` when ``T * U`` (``T`` draft tuples: the size of the whole LP, which
-  bounds a part's fallback LP) exceeds :data:`MAX_PLAN_ENTRIES`. The rule works on
-  the union of the supports of ``p`` and ``q`` only (tokens with ``p = q = 0`` play no
-  part), so with top-k / top-p truncated laws it runs at any vocabulary size. **No exact
-  sampler for wide supports is implemented** (the pair sets grow as ``U^2``); asking for one
-  raises instead of silently returning a sub-optimal or lossy sampler.
+  LP had ``U^2`` rows and ``U`` columns. ``k >= 3`` enumerates the tuple law. The plan is
+  built while ``T * U`` (``T`` draft tuples: the size of the whole LP, which bounds a part's
+  fallback LP) stays within :data:`MAX_PLAN_ENTRIES`. The rule works on the union of the
+  supports of ``p`` and ``q`` only (tokens with ``p = q = 0`` play no part).
+* ``k >= 3`` i.i.d. drafts, and two past the plan's size (e.g. ``k`` up to 8 on a
+  49152-token support): the **race through the min cut** (:mod:`.race`), an exact optimal
+  sampler that enumerates nothing (one sort of the support and ``O(U k)`` vector work per
+  law), with per-draft coins ``u[:k]`` and the residual draw ``u[k]``; :func:`joint` is its
+  exact law (:meth:`.race.RacePlan.conditional`), so sampler and joint again agree by
+  construction. ``Optimal(sampler="race")`` uses it for every i.i.d. ``k >= 2``,
+  ``Optimal(sampler="plan")`` never. The registry's rule (``"auto"``) keeps the plan for two
+  i.i.d. drafts where it fits: on a 64-token support it costs about 0.7 of the race per fresh
+  law, while with three drafts its tuple enumeration costs 8 times the race already on 16
+  tokens (``python benchmarks/bench_optimal_sampler.py``). Without replacement there is no race
+  (its draws are dependent): past the plan's size the rule raises ``ValueError`` rather than
+  return a sub-optimal or lossy sampler.
 """
 
 from __future__ import annotations
@@ -40,21 +49,37 @@ import numpy as np
 from ...dist import num_tuples, tuple_law
 from ...draftsets import group_by_set, padded_sets, pair_index, pair_sets
 from ..base import Rule
-from ..common import categorical
+from ..common import bound_twin, categorical
 from ..token import joint as token_joint
 from ..token import verify as token_verify
 from .cut import optimal_acceptance, optimal_cut, ratio_order
 from .plan import CutPlan, cut_plan
+from .race import RacePlan, race_plan
 
 __all__ = ["optimal_acceptance", "optimal_cut", "ratio_order", "CutPlan", "cut_plan",
-           "set_plan", "tuple_plan", "verify", "clear_plan_cache", "Optimal", "RULE",
-           "MAX_PLAN_ENTRIES"]
+           "RacePlan", "race_plan", "set_plan", "tuple_plan", "verify", "race_verify",
+           "verify_tuple",
+           "uses_race", "clear_plan_cache", "Optimal", "RULE", "MAX_PLAN_ENTRIES", "SAMPLERS"]
 
 #: Largest ``T * V`` (draft tuples times vocabulary) for which the LP plan is built.
 MAX_PLAN_ENTRIES = 4_000_000
 CACHE_SIZE = 8
+#: how the rule samples ``k >= 2`` drafts: the plan where it fits else the race (i.i.d.)
+SAMPLERS = ("auto", "race", "plan")
 
 _cache: OrderedDict = OrderedDict()
+
+
+def _memo(key: tuple, build):
+    """The cached plan of ``key`` (LRU of :data:`CACHE_SIZE`), built by ``build()`` on a miss."""
+    hit = _cache.get(key)
+    if hit is not None:
+        _cache.move_to_end(key)
+        return hit
+    _cache[key] = value = build()
+    while len(_cache) > CACHE_SIZE:
+        _cache.popitem(last=False)
+    return value
 
 
 class SetPlan:
@@ -79,19 +104,70 @@ def set_plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> SetPlan
     V = p.size
     T = num_tuples(V, k, replacement)
     if T * V > MAX_PLAN_ENTRIES:
+        fix = ("i.i.d. drafts are sampled at any size by the race (Optimal(sampler='auto') "
+               "or 'race')") if replacement else ("no exact large-vocabulary sampler for "
+                                                  "distinct drafts (replacement=False) is "
+                                                  "implemented")
         raise ValueError(
-            f"the optimal rule for k={k} >= 2 samples from an exact LP plan with T*V = {T * V:.3g} "
-            f"entries (> {MAX_PLAN_ENTRIES:.3g}); no exact large-vocabulary sampler for k >= 2 is "
-            "implemented. Use optimal_acceptance for the number, or rrs/kseq to sample")
-    key = (p.tobytes(), q.tobytes(), k, replacement)
-    hit = _cache.get(key)
-    if hit is not None:
-        _cache.move_to_end(key)
-        return hit
-    _cache[key] = SetPlan(p, q, k, replacement)
-    while len(_cache) > CACHE_SIZE:
-        _cache.popitem(last=False)
-    return _cache[key]
+            f"the optimal plan for k={k} >= 2 drafts would have T*V = {T * V:.3g} entries "
+            f"(> {MAX_PLAN_ENTRIES:.3g}); {fix}. Use optimal_acceptance for the number, or "
+            "rrs/kseq to sample")
+    return _memo(("plan", p.tobytes(), q.tobytes(), k, replacement),
+                 lambda: SetPlan(p, q, k, replacement))
+
+
+def uses_race(U: int, k: int, replacement: bool, sampler: str = "auto") -> bool:
+    """Whether ``k >= 2`` drafts over a support of ``U`` tokens are sampled by the race (else
+    by the plan): always for ``sampler="race"``, never for ``"plan"``; for ``"auto"``, i.i.d.
+    drafts with ``k >= 3`` (the plan enumerates ``U^k`` tuples) or where two would make the
+    plan exceed :data:`MAX_PLAN_ENTRIES`."""
+    if k == 1 or not replacement or sampler == "plan":
+        return False
+    return sampler == "race" or k >= 3 or num_tuples(U, k, True) * U > MAX_PLAN_ENTRIES
+
+
+def _on_support(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(support, p_s, q_s)``: the union of the supports and both laws on it, each divided by
+    its float64 sum, so float32 laws give the plan distributions. Where several plans are
+    optimal, laws one ulp apart (the same law normalised in another summation order) may
+    select different ones: each is lossless and optimal, but the output law given the drafts
+    is the selected plan's."""
+    support = np.flatnonzero((p > 0) | (q > 0))
+    ps, qs = p[support], q[support]
+    return support, ps / ps.sum(), qs / qs.sum()
+
+
+def _race(ps: np.ndarray, qs: np.ndarray, k: int) -> RacePlan:
+    return _memo(("race", ps.tobytes(), qs.tobytes(), k), lambda: race_plan(ps, qs, k))
+
+
+def race_verify(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, u: np.ndarray) -> int:
+    """Deterministic core of the race for ``k`` i.i.d. drafts: ``u [k + 1]``, the per-draft
+    coins then the residual draw (validated laws; :meth:`.race.RacePlan.verify`)."""
+    support, ps, qs = _on_support(p, q)
+    plan = _race(ps, qs, drafts.size)
+    return int(support[plan.verify(np.searchsorted(support, drafts), u)])
+
+
+def verify_tuple(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, u: np.ndarray, *,
+                 replacement: bool = True, sampler: str = "auto") -> int:
+    """Deterministic core for ``k >= 2`` drafts on validated laws, ``u [k + 1]`` (the coins then
+    the draw): the race or the plan's row, as :func:`uses_race` decides."""
+    support = int(np.count_nonzero((p > 0) | (q > 0)))
+    if uses_race(support, drafts.size, replacement, sampler):
+        return race_verify(p, q, drafts, u)
+    return verify(p, q, drafts, float(u[-1]), replacement=replacement)
+
+
+def _race_joint(p: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
+    """Exact law ``[T, V]`` of the race, rows in :func:`coupling.dist.tuple_law` order."""
+    support, ps, qs = _on_support(p, q)
+    plan = _race(ps, qs, k)
+    tuples, probs = tuple_law(q, k)
+    J = np.zeros((probs.size, p.size))
+    for t in np.flatnonzero(probs > 0):         # a tuple holding a token of q = 0 never occurs
+        J[t, support] = probs[t] * plan.conditional(np.searchsorted(support, tuples[t]))
+    return J
 
 
 def tuple_plan(p: np.ndarray, q: np.ndarray, k: int,
@@ -122,13 +198,8 @@ def verify(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, u: float, *,
     # Tokens with p = q = 0 are never drafted and never output: build the plan on the union
     # of the supports only. Exact, and what makes the rule usable on a 49152-token
     # vocabulary after top-k / top-p truncation.
-    support = np.flatnonzero((p > 0) | (q > 0))
-    # renormalised on the support, so float32 laws give the plan distributions. Where several
-    # plans are optimal, laws one ulp apart (the same law normalised in another summation
-    # order) may select different ones: every one is lossless and optimal, but the output law
-    # given the drafts is the selected plan's
-    ps, qs = p[support], q[support]
-    sp = set_plan(ps / ps.sum(), qs / qs.sum(), drafts.size, replacement)
+    support, ps, qs = _on_support(p, q)
+    sp = set_plan(ps, qs, drafts.size, replacement)
     local = np.searchsorted(support, drafts)
     if drafts.size == 2:
         s = int(pair_index(int(local[0]), int(local[1]), support.size, replacement))
@@ -147,23 +218,50 @@ def verify(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, u: float, *,
 
 
 class Optimal(Rule):
-    """The LP optimum: sample the drafted set's row of an optimal coupling."""
+    """The LP optimum: sample an optimal coupling (the drafted set's row of the plan through
+    the cut, or the race through the cut for i.i.d. drafts on wide supports).
+
+    Parameters
+    ----------
+    sampler : {"auto", "race", "plan"}
+        How ``k >= 2`` drafts are sampled (module doc; :func:`uses_race`).
+    """
 
     name = "optimal"
-    title = "LP-optimal verification (min-cut value, plan built through the cut)"
+    title = "LP-optimal verification (min-cut value, plan or race through the cut)"
     reference = "Sun et al. 2023 (SpecTr, the LP); Hu et al., ICLR 2025 (the min-cut dual)"
     bound_text = "= OPT (LP optimum, min-cut prefix scan; Hu et al. 2025)"
+
+    def __init__(self, sampler: str = "auto"):
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler must be one of {SAMPLERS}, got {sampler!r}")
+        self.sampler = sampler
+
+    def _race(self, p, q, k, replacement) -> bool:
+        return uses_race(int(np.count_nonzero((p > 0) | (q > 0))), k, replacement, self.sampler)
 
     def _acceptance(self, p, q, k, replacement):
         return optimal_acceptance(p, q, k, replacement=replacement)
 
     def _joint(self, p, q, k, replacement):
-        return token_joint(p, q) if k == 1 else tuple_plan(p, q, k, replacement)[0]
+        if k == 1:
+            return token_joint(p, q)
+        if self._race(p, q, k, replacement):
+            return _race_joint(p, q, k)
+        return tuple_plan(p, q, k, replacement)[0]
 
     def _verify(self, p, q, drafts, u, replacement):
         if drafts.size == 1:   # speculative sampling is optimal for one draft
             return token_verify(p, q, int(drafts[0]), float(u[0]), float(u[1]))
-        return verify(p, q, drafts, float(u[-1]), replacement=replacement)
+        return verify_tuple(p, q, drafts, u, replacement=replacement, sampler=self.sampler)
+
+    @property
+    def torch(self):
+        """The batched twin, bound to this instance's sampler."""
+        return bound_twin(super().torch, self)
+
+    def __repr__(self) -> str:
+        return f"<rule 'optimal': {self.title}, sampler={self.sampler!r}>"
 
     def _bound(self, p, q, k, replacement):
         a = optimal_acceptance(p, q, k, replacement=replacement)

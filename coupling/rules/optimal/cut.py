@@ -58,7 +58,8 @@ from ...dist import (
 )
 from ...draftsets import others_sum
 
-__all__ = ["optimal_acceptance", "optimal_cut", "ratio_order", "hit_prefixes", "scan"]
+__all__ = ["optimal_acceptance", "optimal_cut", "ratio_order", "hit_prefixes", "scan",
+           "scan_order"]
 
 
 def ratio_order(p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -146,6 +147,14 @@ def optimal_cut(
 
 def scan(pa: np.ndarray, qa: np.ndarray, k: int, replacement: bool) -> tuple[float, np.ndarray]:
     """The prefix scan on validated inputs (for callers that validated ``p``, ``q`` once)."""
+    value, order, m = scan_order(pa, qa, k, replacement)
+    return value, order[:m].astype(np.int64)
+
+
+def scan_order(pa: np.ndarray, qa: np.ndarray, k: int,
+               replacement: bool) -> tuple[float, np.ndarray, int]:
+    """:func:`scan` keeping its sort: ``(value, ratio order, m)``, the cut being
+    ``order[:m]`` (the race sampler reuses the order rather than sort twice)."""
     order = ratio_order(pa, qa)
     ps = pa[order]
     tail_p = np.concatenate([np.cumsum(ps[::-1])[::-1], [0.0]])  # p(H_m^c)
@@ -154,7 +163,7 @@ def scan(pa: np.ndarray, qa: np.ndarray, k: int, replacement: bool) -> tuple[flo
         raise FloatingPointError("optimal_cut: a prefix value is not finite (an overflow in "
                                  "the hit probabilities); please report these p and q")
     m = int(np.argmin(vals))
-    return float(min(1.0, max(0.0, vals[m]))), order[:m].astype(np.int64)
+    return float(min(1.0, max(0.0, vals[m]))), order, m
 
 
 def optimal_acceptance(

@@ -106,7 +106,8 @@ def hub_plan(p: np.ndarray, q: np.ndarray) -> HubPlan:
     a = hub(q)
     off = np.arange(q.size) != a
     rest = float(q[off].sum())          # 1 - q_a, summed over the others: no cancellation
-    c = np.where(off, q[a] * (q / rest), 0.0)
+    # q_i / (1 - q_a) <= 1 off the hub; at the hub itself it is not read (and may overflow)
+    c = q[a] * np.divide(q, rest, out=np.zeros(q.size), where=off & (rest > 0))
     p1 = np.where(off, np.maximum(p - q, 0.0), 0.0)
     L1 = float(np.where(off, np.maximum(q - p, 0.0), 0.0).sum())
     L2 = float(np.maximum(c - p1, 0.0).sum())
@@ -126,7 +127,9 @@ def draft_law(q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
                              np.full((others > a).sum(), a)])
     tuples = np.column_stack([first, second]).astype(np.int64)
     rest = float(q[others].sum())
-    probs = np.where(first == a, q[a] * (q[second] / rest), q[first])
+    hub_first = first == a      # (a, i): the draw from q without a; its ratio only where read
+    share = np.divide(q[second], rest, out=np.zeros(first.size), where=hub_first & (rest > 0))
+    probs = np.where(hub_first, q[a] * share, q[first])
     return tuples, probs
 
 
