@@ -11,7 +11,6 @@ and it raises ``ValueError`` rather than approximate
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from ...torch_backend.common import Verdict, check_inputs
@@ -57,7 +56,7 @@ def _plan_laws(p_i, q_i, laws, act, alive, i: int, idx):
     if laws is None:
         return p_i[idx].cpu().numpy(), q_i[idx].cpu().numpy()
     at = (act[idx], first_true(alive[idx]), torch.full_like(idx, i))
-    P, Q = (np.asarray(law[at].detach().cpu(), dtype=np.float64) for law in laws)
+    P, Q = (law[at].detach().to(torch.float64).cpu().numpy() for law in laws)
     return P / P.sum(-1, keepdims=True), Q / Q.sum(-1, keepdims=True)
 
 
