@@ -16,7 +16,7 @@ import torch
 
 from ..keyed import MAX_DRAFTS, STREAM_ACCEPT, STREAM_SAMPLE
 from .laws import residual_weights, row_sums
-from .rng import keyed_uniforms, uniforms
+from .rng import call_uniforms, keyed_uniforms, uniforms
 
 __all__ = [
     "Verdict",
@@ -29,6 +29,7 @@ __all__ = [
     "coin_uniforms",
     "accept_uniforms",
     "sample_uniforms",
+    "call_draws",
     "law_sums",
     "draft_ratios",
     "emit_residual",
@@ -226,6 +227,21 @@ def sample_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int) -> tor
     """``[B, g+1]`` float64: ``U(seed, t, STREAM_SAMPLE, n)``, the draw of the token emitted
     at offset ``n``."""
     return uniforms(seeds, positions, g + 1, stream=STREAM_SAMPLE)
+
+
+def call_draws(seeds: torch.Tensor, positions: torch.Tensor, g: int, k: int,
+               accept_u: torch.Tensor | None = None,
+               sample_u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A call's coins ``[B, g, k]`` and draws ``[B, g + 1]``, float64: ``accept_u`` (any shape
+    of ``B g k`` entries) and ``sample_u`` where given, else the keyed ones
+    (:func:`.rng.call_uniforms`, both streams in one pass)."""
+    B = seeds.shape[0]
+    if accept_u is None and sample_u is None:
+        return call_uniforms(seeds, positions, g, k)
+    coins = coin_uniforms(seeds, positions, g, k) if accept_u is None \
+        else accept_u.to(torch.float64).reshape(B, g, k)
+    u = sample_uniforms(seeds, positions, g) if sample_u is None else sample_u.to(torch.float64)
+    return coins, u
 
 
 def sample_rows(

@@ -20,8 +20,7 @@ Rows are named by ``index``: a tuple of int64 ``[R]`` tensors over the leading a
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import torch
 
@@ -54,59 +53,77 @@ def _row_grid(x: torch.Tensor) -> tuple[torch.Tensor, list[int]] | None:
 
 
 def _row_ids(x: torch.Tensor, index: Index | None, strides: list[int]) -> torch.Tensor:
+    """Each named row's index on :func:`_row_grid`'s grid."""
     if index is None:
         ids = torch.zeros((), dtype=torch.int64, device=x.device)
         for d, s in zip(x.shape[:-1], strides, strict=True):
             ids = (ids.unsqueeze(-1) + s * torch.arange(d, device=x.device)).flatten()
         return ids
-    ids = torch.zeros_like(index[0])
+    ids = None
     for i, s in zip(index, strides, strict=True):
-        ids = ids + s * i
-    return ids
+        if s:  # an expanded axis adds nothing
+            term = i if s == 1 else i * s
+            ids = term if ids is None else ids + term
+    return torch.zeros_like(index[0]) if ids is None else ids
 
 
-def _chunks(x: torch.Tensor, index: Index | None) -> Iterator[tuple[int, int, torch.Tensor]]:
-    """``(start, stop, rows [stop - start, V])``: the rows of ``x`` (module doc) in chunks,
-    in ``x``'s dtype (views where they are consecutive, copies otherwise)."""
+Take = Callable[[int, int], torch.Tensor]
+
+
+def _source(x: torch.Tensor, index: Index | None) -> tuple[int, Take]:
+    """``(n, take)``: the number of rows named (module doc) and ``take(lo, hi)``, the rows
+    ``lo:hi`` as ``[hi - lo, V]`` in ``x``'s dtype (views where they are consecutive in
+    memory, copies otherwise)."""
     V = x.shape[-1]
-    n = math.prod(x.shape[:-1]) if index is None else index[0].numel()
-    step = chunk_rows(V, x.device)
     x = x.detach()  # laws of a draft in training: the twins differentiate nothing
     if index is None and x.is_contiguous():
         flat = x.view(-1, V)
-        for a in range(0, n, step):
-            yield a, min(a + step, n), flat[a : a + step]
-        return
+        return flat.shape[0], lambda lo, hi: flat[lo:hi]
     grid = _row_grid(x)
     if grid is None:
         rows = x.reshape(-1, V) if index is None else x[index]
-        for a in range(0, n, step):
-            yield a, min(a + step, n), rows[a : a + step]
-        return
+        return rows.shape[0], lambda lo, hi: rows[lo:hi]
     flat, strides = grid
     ids = _row_ids(x, index, strides)
-    for a in range(0, n, step):
-        yield a, min(a + step, n), flat.index_select(0, ids[a : a + step])
+    n = ids.shape[0]
+    return n, lambda lo, hi: flat.index_select(0, ids if lo == 0 and hi == n else ids[lo:hi])
 
 
-def _buffers(x: torch.Tensor, n: int) -> list[torch.Tensor]:
-    """``n`` float64 chunk buffers for rows of ``x`` (reused across chunks: no allocation per
-    chunk)."""
-    shape = (chunk_rows(x.shape[-1], x.device), x.shape[-1])
-    return [torch.empty(shape, dtype=torch.float64, device=x.device) for _ in range(n)]
+def _spans(n: int, x: torch.Tensor) -> list[tuple[int, int]]:
+    step = chunk_rows(x.shape[-1], x.device)
+    return [(lo, min(lo + step, n)) for lo in range(0, n, step)]
 
 
 def _leading(x: torch.Tensor, index: Index | None) -> tuple[int, ...]:
     return tuple(x.shape[:-1]) if index is None else (index[0].numel(),)
 
 
+def _float64(rows: torch.Tensor, buf: torch.Tensor | None) -> torch.Tensor:
+    """``rows`` cast to float64 into a tensor of their own (``buf``'s first rows, if given)."""
+    if buf is None:
+        return rows.to(torch.float64, copy=True)
+    return buf[: rows.shape[0]].copy_(rows)
+
+
+def _buffer(x: torch.Tensor, n: int) -> torch.Tensor | None:
+    """One float64 chunk reused across the chunks of ``n`` rows (None for a single chunk)."""
+    step = chunk_rows(x.shape[-1], x.device)
+    if n <= step:
+        return None
+    return torch.empty(step, x.shape[-1], dtype=torch.float64, device=x.device)
+
+
 def row_sums(x: torch.Tensor, index: Index | None = None) -> torch.Tensor:
     """Float64 sums of the rows of ``x [..., V]``: ``[...]``, or ``[R]`` for ``x[index]``."""
     lead = _leading(x, index)
-    out = torch.empty(math.prod(lead), dtype=torch.float64, device=x.device)
-    (buf,) = _buffers(x, 1)
-    for lo, hi, rows in _chunks(x, index):
-        torch.sum(buf[: hi - lo].copy_(rows), -1, out=out[lo:hi])
+    n, take = _source(x, index)
+    spans = _spans(n, x)
+    if len(spans) <= 1:
+        return take(0, n).to(torch.float64).sum(-1).view(lead)
+    out = torch.empty(n, dtype=torch.float64, device=x.device)
+    buf = _buffer(x, n)
+    for lo, hi in spans:
+        torch.sum(_float64(take(lo, hi), buf), -1, out=out[lo:hi])
     return out.view(lead)
 
 
@@ -114,10 +131,10 @@ def normalised_rows(x: torch.Tensor, index: Index | None = None) -> torch.Tensor
     """``x[index] / sum`` per row, float64 ``[R, V]`` (``[N, V]``, every row in order, when
     ``index`` is None): the laws the rules compute on (module doc). A row summing to 0 (no
     law: only unvalidated input has one) stays 0."""
-    V = x.shape[-1]
-    out = torch.empty(math.prod(_leading(x, index)), V, dtype=torch.float64, device=x.device)
-    for lo, hi, rows in _chunks(x, index):
-        o = out[lo:hi].copy_(rows)
+    n, take = _source(x, index)
+    out = torch.empty(n, x.shape[-1], dtype=torch.float64, device=x.device)
+    for lo, hi in _spans(n, x):
+        o = out[lo:hi].copy_(take(lo, hi))
         s = o.sum(-1, keepdim=True)
         o.div_(torch.where(s > 0, s, 1.0))
     return out
@@ -127,12 +144,13 @@ def residual_masses(p: torch.Tensor, q: torch.Tensor, index_p: Index, index_q: I
                     a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     r""":math:`\sum_y \max(a_r p_r(y) - b_r q_r(y), 0)` per row ``r`` of ``p[index_p]``,
     ``q[index_q]`` (``a``, ``b`` float64 ``[R]``), float64 ``[R]``."""
-    out = torch.empty(index_p[0].numel(), dtype=torch.float64, device=p.device)
-    bp, bq = _buffers(p, 2)
-    for (lo, hi, prow), (_, _, qrow) in zip(_chunks(p, index_p), _chunks(q, index_q),
-                                            strict=True):
-        t = bp[: hi - lo].copy_(prow).mul_(a[lo:hi, None])
-        t.sub_(bq[: hi - lo].copy_(qrow).mul_(b[lo:hi, None])).clamp_(min=0.0)
+    n, take_p = _source(p, index_p)
+    _, take_q = _source(q, index_q)
+    out = torch.empty(n, dtype=torch.float64, device=p.device)
+    bp, bq = _buffer(p, n), _buffer(q, n)
+    for lo, hi in _spans(n, p):
+        t = _float64(take_p(lo, hi), bp).mul_(a[lo:hi, None])
+        t.sub_(_float64(take_q(lo, hi), bq).mul_(b[lo:hi, None])).clamp_(min=0.0)
         torch.sum(t, -1, out=out[lo:hi])
     return out
 
@@ -142,11 +160,11 @@ def residual_weights(p: torch.Tensor, q: torch.Tensor, index_p: Index, index_q: 
     r""":math:`\max(a_r p_r - b_r q_r, 0)` per row ``r`` of ``p[index_p]``, ``q[index_q]``
     (``a``, ``b`` float64 ``[R]``; with ``b_r = 0`` the row is :math:`a_r p_r`), float64
     ``[R, V]``."""
-    V = p.shape[-1]
-    out = torch.empty(index_p[0].numel(), V, dtype=torch.float64, device=p.device)
-    (bq,) = _buffers(q, 1)
-    for (lo, hi, prow), (_, _, qrow) in zip(_chunks(p, index_p), _chunks(q, index_q),
-                                            strict=True):
-        o = out[lo:hi].copy_(prow).mul_(a[lo:hi, None])
-        o.sub_(bq[: hi - lo].copy_(qrow).mul_(b[lo:hi, None])).clamp_(min=0.0)
+    n, take_p = _source(p, index_p)
+    _, take_q = _source(q, index_q)
+    out = torch.empty(n, p.shape[-1], dtype=torch.float64, device=p.device)
+    bq = _buffer(q, n)
+    for lo, hi in _spans(n, p):
+        o = out[lo:hi].copy_(take_p(lo, hi)).mul_(a[lo:hi, None])
+        o.sub_(_float64(take_q(lo, hi), bq).mul_(b[lo:hi, None])).clamp_(min=0.0)
     return out

@@ -22,6 +22,7 @@ import torch
 
 from .common import Verdict, assemble, check_inputs, coin_uniforms, sample_rows, sample_uniforms
 from .laws import normalised_rows
+from .rng import call_uniforms
 
 __all__ = ["StepFn", "walk_tree", "verify_tree", "first_true"]
 
@@ -128,9 +129,13 @@ def verify_tree(step: StepFn, drafts, p, q, seeds, positions, *, replacement: bo
             raise ValueError("replacement=False promises k distinct first tokens (successive "
                              "sampling), but some request repeats one; pass replacement=True "
                              "for i.i.d. branches")
-    coins = coin_uniforms(seeds, positions, g, k) if accept_u is None \
-        else accept_u.to(torch.float64)
-    u = sample_uniforms(seeds, positions, g) if sample_u is None else sample_u.to(torch.float64)
+    if accept_u is None and sample_u is None:  # the keyed ones, both streams in one pass
+        coins, u = call_uniforms(seeds, positions, g, k)
+    else:
+        coins = coin_uniforms(seeds, positions, g, k) if accept_u is None \
+            else accept_u.to(torch.float64)
+        u = sample_uniforms(seeds, positions, g) if sample_u is None \
+            else sample_u.to(torch.float64)
     if coins.shape != (B, g, k) or u.shape != (B, g + 1):
         raise ValueError(f"accept_u must be [B, gamma, k] = {(B, g, k)} and sample_u "
                          f"[B, gamma+1] = {(B, g + 1)}")

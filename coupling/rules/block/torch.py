@@ -27,13 +27,12 @@ import torch
 
 from ...torch_backend.common import (
     Verdict,
-    accept_uniforms,
     assemble,
+    call_draws,
     check_inputs,
     draft_ratios,
     emit_residual,
     law_sums,
-    sample_uniforms,
 )
 from ...torch_backend.laws import residual_masses, row_sums
 
@@ -93,9 +92,8 @@ def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
     drafts, p, q, seeds, positions = check_inputs(
         drafts, p, q, seeds, positions, validate=validate, atol=atol, max_k=1, rule="block")
     B, _, g = drafts.shape
-    eta = accept_uniforms(seeds, positions, g) if accept_u is None \
-        else accept_u.to(torch.float64).reshape(B, g)
-    v = sample_uniforms(seeds, positions, g) if sample_u is None else sample_u.to(torch.float64)
+    coins, v = call_draws(seeds, positions, g, 1, accept_u, sample_u)
+    eta = coins[:, :, 0]
     p1, q1 = p[:, 0], q[:, 0]
     sums = law_sums(drafts, p, q)  # every ratio enters w_g
     w = weights(draft_ratios(drafts, p, q, sums=sums)[:, 0])  # [B, g+1]

@@ -17,11 +17,10 @@ import torch
 
 from ...torch_backend.common import (
     Verdict,
-    accept_uniforms,
     assemble,
+    call_draws,
     check_inputs,
     emit_residual,
-    sample_uniforms,
 )
 from ...torch_backend.laws import row_sums
 
@@ -83,9 +82,8 @@ def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
     drafts, p, q, seeds, positions = check_inputs(
         drafts, p, q, seeds, positions, validate=validate, atol=atol, max_k=1, rule="token")
     B, _, g = drafts.shape
-    u = accept_uniforms(seeds, positions, g) if accept_u is None \
-        else accept_u.to(torch.float64).reshape(B, g)
-    v = sample_uniforms(seeds, positions, g) if sample_u is None else sample_u.to(torch.float64)
+    coins, v = call_draws(seeds, positions, g, 1, accept_u, sample_u)
+    u = coins[:, :, 0]
     n, sp, sq = normalised_run(drafts[:, 0], p[:, 0], q[:, 0], u)
     rows = torch.arange(B, device=drafts.device)
     ones = torch.ones(B, dtype=torch.float64, device=drafts.device)
