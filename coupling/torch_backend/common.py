@@ -10,6 +10,7 @@ the bonus law); ``seeds``, ``positions`` int64 ``[B]``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -258,14 +259,17 @@ def sample_rows(
 
 
 def search_cdf(cdf: torch.Tensor, u: torch.Tensor,
-               fallback: torch.Tensor | None = None) -> torch.Tensor:
+               fallback: torch.Tensor | Callable[[], torch.Tensor] | None = None
+               ) -> torch.Tensor:
     """:func:`sample_rows` on the float64 running sums ``cdf [N, V]`` of the weights (a caller
-    that made the weights may sum them in place: ``weights.cumsum_(-1)``)."""
+    that made the weights may sum them in place: ``weights.cumsum_(-1)``); ``fallback`` may
+    be a function that makes it, called only if a row has no weight."""
     total = cdf[:, -1]
     if fallback is not None:
         empty = total <= 0
         if bool(empty.any()):
-            cdf = torch.where(empty.unsqueeze(-1), fallback.to(torch.float64).cumsum(-1), cdf)
+            law = fallback() if callable(fallback) else fallback
+            cdf = torch.where(empty.unsqueeze(-1), law.to(torch.float64).cumsum(-1), cdf)
             total = cdf[:, -1]
     # keep the target strictly below the total so the search always lands on a positive cell
     target = torch.minimum(
@@ -335,4 +339,4 @@ def emit_residual(p: torch.Tensor, q: torch.Tensor, n: torch.Tensor, w_n: torch.
     a = w_n.to(torch.float64) / torch.where(stop, sp, 1.0)
     b = torch.where(stop, 1.0 / sq, 0.0)
     cdf = residual_weights(p, q, at, at_q, a, b).cumsum_(-1)
-    return search_cdf(cdf, u, fallback=p[at] if bool((cdf[:, -1] <= 0).any()) else None)
+    return search_cdf(cdf, u, fallback=lambda: p[at])

@@ -11,8 +11,8 @@ laws).
 The float64 values exist only a chunk of rows at a time (:func:`chunk_rows`), never for a whole
 ``[B, k, gamma + 1, V]`` tensor. Why: ``x.sum(-1, dtype=torch.float64)`` and ``x.double()``
 materialise a float64 copy of ``x`` (twice the memory of float32 laws) and, on the CPU, run
-6x slower than casting and summing two rows at a time, which stay in a core's cache across
-the passes over them (``benchmarks/bench_twins.py``).
+2x slower than casting and summing a row at a time, which stays in a core's cache across
+the passes over it (``benchmarks/bench_twins.py``).
 
 Rows are named by ``index``: a tuple of int64 ``[R]`` tensors over the leading axes of ``x``
 (``x[index]`` is ``[R, V]``), or ``None`` for every row of ``x`` in order.
@@ -26,8 +26,8 @@ import torch
 
 __all__ = ["chunk_rows", "row_sums", "normalised_rows", "residual_masses", "residual_weights"]
 
-#: float64 elements per chunk on the CPU (1 MiB: two rows of V = 49152)
-CPU_CHUNK = 1 << 17
+#: float64 elements per chunk on the CPU (512 KiB: one row of V = 49152)
+CPU_CHUNK = 1 << 16
 #: float64 elements per chunk on an accelerator (fewer kernel launches; 128 MiB)
 DEVICE_CHUNK = 1 << 24
 
@@ -86,6 +86,9 @@ def _source(x: torch.Tensor, index: Index | None) -> tuple[int, Take]:
     flat, strides = grid
     ids = _row_ids(x, index, strides)
     n = ids.shape[0]
+    if n == 1 and x.device.type == "cpu":  # one row: a view (reading its id costs no sync)
+        row = flat[int(ids):].narrow(0, 0, 1)
+        return 1, lambda lo, hi: row
     return n, lambda lo, hi: flat.index_select(0, ids if lo == 0 and hi == n else ids[lo:hi])
 
 

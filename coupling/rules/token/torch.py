@@ -48,16 +48,15 @@ def normalised_run(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
     qx = q.gather(-1, x).squeeze(-1).to(torch.float64)
     sp = torch.ones(B, g, dtype=torch.float64, device=p.device)
     sq = torch.ones_like(sp)
-    have = torch.zeros(B, g, dtype=torch.bool, device=p.device)
     col = torch.arange(g, device=p.device)
-    n = accepted(px / qx, u)
+    n, done = accepted(px / qx, u), -1
     while True:  # one pass unless a sum lengthens a run
-        b, i = torch.nonzero((col <= n.unsqueeze(1)) & ~have, as_tuple=True)
-        if b.numel() == 0:
-            return n, sp, sq
+        b, i = torch.nonzero((col <= n.unsqueeze(1)) & (col > done), as_tuple=True)
         sp[b, i], sq[b, i] = row_sums(p, (b, i)), row_sums(q, (b, i))
-        have[b, i] = True
-        n = accepted((px / sp) / (qx / sq), u)
+        longer = accepted((px / sp) / (qx / sq), u)
+        if not bool((longer > n).any()):
+            return longer, sp, sq
+        n, done = longer, n.unsqueeze(1)
 
 
 def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
