@@ -34,8 +34,10 @@ process of its own where glibc maps every allocation above 128 KiB afresh
 timed: fresh mappings cost page faults); on CUDA ``torch.cuda.max_memory_allocated`` minus
 the allocation before the call.
 
-Run: ``python benchmarks/bench_twins.py`` (1 thread; ``--threads``), ``--batches 64 --k 4``,
-``--laws softmax``, ``--device cuda``, ``--repeats``.
+Run: ``python benchmarks/bench_twins.py`` (1 thread; ``--threads``; about 15 minutes on 2
+shared cores), ``--batches 64 --k 4 --laws softmax`` for one configuration, ``--vocab 512``
+for a smoke run, ``--device cuda`` (``--target-step`` adds each twin's share of the real
+target's verification call), ``--no-memory`` / ``--memory`` for one table.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ import torch
 from coupling import RULES
 from coupling.rules.gumbel.torch import draft as gumbel_draft
 
-V = 49152
+VOCAB = 49152
 GAMMA = 8
 TOP_K, TOP_P = 50, 0.95
 MMAP_THRESHOLD = "131072"
@@ -175,11 +177,11 @@ def configurations() -> list[tuple[str, bool]]:
     return rows + [("gumbel", True)]
 
 
-def cases(B: int, k: int, g: int, kind: str, device: str, gen: torch.Generator):
+def cases(B: int, k: int, g: int, V: int, kind: str, device: str, gen: torch.Generator):
     """``(rule, k, twin call, baseline call, p's float32 MiB)`` for every row of
     :func:`configurations`."""
-    trees = {False: make_tree(B, k, g, V, kind, gen), True: make_tree(B, k, g, V, kind, gen,
-                                                                       gumbel=True)}
+    trees = {False: make_tree(B, k, g, V, kind, gen),
+             True: make_tree(B, k, g, V, kind, gen, gumbel=True)}
     trees = {key: tuple(t.to(device) for t in tree) for key, tree in trees.items()}
     bgen = torch.Generator(device=device).manual_seed(1)
     for name, multi in configurations():
@@ -201,11 +203,30 @@ def cases(B: int, k: int, g: int, kind: str, device: str, gen: torch.Generator):
         yield name, kk, twin, base, p.numel() * 4 / 2**20
 
 
-def run(B: int, k: int, g: int, kind: str, device: str, repeats: int,
-        gen: torch.Generator, memory: bool = False) -> None:
+class TargetSteps:
+    """The real target's verification call of each ``[B, k, gamma]`` tree (``B k`` rows of
+    ``gamma + 1`` tokens at context 100, ``ab_common.TargetStep``: SmolLM2-135M, float16 on
+    CUDA, bfloat16 on a CPU), median ms, timed once per shape in this process: what
+    verification is a fraction of."""
+
+    def __init__(self, device: str, g: int):
+        self.device, self.g, self.ms = device, g, {}
+
+    def __call__(self, rows: int) -> float:
+        if rows not in self.ms:
+            from ab_common import TargetStep
+
+            step = TargetStep(self.device, batch=rows, new=self.g + 1)
+            step.time_ms()
+            self.ms[rows] = statistics.median(step.time_ms() for _ in range(9))
+        return self.ms[rows]
+
+
+def run(B: int, k: int, g: int, V: int, kind: str, device: str, repeats: int,
+        gen: torch.Generator, memory: bool = False, steps: TargetSteps | None = None) -> None:
     """Print the rows of one (laws, B): timings, or with ``memory`` the peaks."""
     clock = Clock(device)
-    for name, kk, twin, base, p_mib in cases(B, k, g, kind, device, gen):
+    for name, kk, twin, base, p_mib in cases(B, k, g, V, kind, device, gen):
         head = f"| {kind} | {B} | {kk} | {name} |"
         try:
             acc = float(twin().accepted.double().mean())
@@ -215,15 +236,16 @@ def run(B: int, k: int, g: int, kind: str, device: str, repeats: int,
         base()
         if memory:
             peak_b, peak_t = peak_mib(base, device), peak_mib(twin, device)
-            print(f"{head} {p_mib:.0f} | {peak_t:.0f} ({peak_t / p_mib:.2f}) "
-                  f"| {peak_b:.0f} ({peak_b / p_mib:.2f}) |", flush=True)
+            print(f"{head} {p_mib:.1f} | {peak_t:.1f} ({peak_t / p_mib:.2f}) "
+                  f"| {peak_b:.1f} ({peak_b / p_mib:.2f}) |", flush=True)
             continue
         tb, tt = [], []
         for rep in range(repeats):  # interleaved: both see the same phase of a shared machine
             tb.append(clock.ms(base))
             tt.append(clock.ms(lambda rep=rep, twin=twin: twin(rep)))
         mb, mt = statistics.median(tb), statistics.median(tt)
-        print(f"{head} {mt:.2f} | {mb:.2f} | {mt / mb:.2f} | {acc:.2f} |", flush=True)
+        share = "" if steps is None else f" {100 * mt / steps(B * kk):.2f}% |"
+        print(f"{head} {mt:.2f} | {mb:.2f} | {mt / mb:.2f} | {acc:.2f} |{share}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -231,25 +253,31 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,8,64", help="comma-separated B values")
     ap.add_argument("--k", type=int, default=4, help="branches of the multi-draft rules")
     ap.add_argument("--gamma", type=int, default=GAMMA)
+    ap.add_argument("--vocab", type=int, default=VOCAB, help="V (default SmolLM2's)")
     ap.add_argument("--laws", default="softmax,topk,topp", help="softmax, topk, topp")
     ap.add_argument("--repeats", type=int, default=15)
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--target-step", action="store_true",
+                    help="add each twin's share of the real target's verification call")
     ap.add_argument("--memory", action="store_true",
                     help="only the peak-memory table (on the CPU, run in a process of its own)")
     ap.add_argument("--no-memory", action="store_true", help="only the timing table")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     configs = [(kind, int(b)) for kind in args.laws.split(",") for b in args.batches.split(",")]
+    shape = (args.k, args.gamma, args.vocab)
     if not args.memory:
         print(f"torch {torch.__version__}, device {args.device}, intra-op threads "
-              f"{torch.get_num_threads()}, V = {V}, gamma = {args.gamma}, float32 laws, "
-              f"{args.repeats} interleaved repeats\n")
-        print("| laws | B | k | rule | twin ms | baseline ms | ratio | mean accepted |")
-        print("|" + "---|" * 8, flush=True)
+              f"{torch.get_num_threads()}, V = {args.vocab}, gamma = {args.gamma}, float32 "
+              f"laws, {args.repeats} interleaved repeats\n")
+        steps = TargetSteps(args.device, args.gamma) if args.target_step else None
+        extra = " % of the target's call |" if steps else ""
+        print(f"| laws | B | k | rule | twin ms | baseline ms | ratio | mean accepted |{extra}")
+        print("|" + "---|" * (8 + bool(steps)), flush=True)
         gen = torch.Generator().manual_seed(SEED)
         for kind, B in configs:
-            run(B, args.k, args.gamma, kind, args.device, args.repeats, gen)
+            run(B, *shape, kind, args.device, args.repeats, gen, steps=steps)
         if args.no_memory:
             return 0
         if args.device == "cpu":  # the memory method needs a process of its own (module doc)
@@ -260,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|" + "---|" * 7, flush=True)
     gen = torch.Generator().manual_seed(SEED)
     for kind, B in configs:
-        run(B, args.k, args.gamma, kind, args.device, args.repeats, gen, memory=True)
+        run(B, *shape, kind, args.device, args.repeats, gen, memory=True)
     return 0
 
 

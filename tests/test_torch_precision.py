@@ -180,6 +180,24 @@ def test_core_on_renormalised_half_laws_is_lossless(name):
     assert np.abs(law - coupling.target_law(target, 3)).sum() / 2 < 1e-12
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
+@pytest.mark.parametrize("name", list(RULES))
+def test_cuda_matches_cpu_on_half_precision_laws(name):
+    """bfloat16 trees with rows off by 1e-2 (the engine's dtype on a GPU): the same verdicts on
+    CUDA as on the CPU."""
+    rng = np.random.default_rng(91)
+    for X, P, Q in random_trees(rng, 10, True, sizes=(8, 40)):
+        k, B = _k(name, X.shape[1]), 16
+        P = _off(rng, P[0, 0].numpy(), torch.bfloat16)[None, None].expand(B, k, *P.shape[2:])
+        Q = _off(rng, Q[0, 0].numpy(), torch.bfloat16)[None, None].expand(B, k, *Q.shape[2:])
+        X = X[:, :k].expand(B, k, X.shape[2])
+        seeds = torch.arange(B)
+        cpu = RULES[name].torch.verify(X, P, Q, seeds=seeds, positions=7)
+        gpu = RULES[name].torch.verify(X.cuda(), P.cuda(), Q.cuda(), seeds=seeds.cuda(),
+                                       positions=7)
+        assert all(torch.equal(a, b.cpu()) for a, b in zip(cpu, gpu, strict=True)), name
+
+
 # ----------------------------------------------------------------------------- streams
 @pytest.mark.parametrize("name", ["token", "block", "minhash"])
 def test_chain_stream_with_float16_tables_is_the_renormalised_target(name):

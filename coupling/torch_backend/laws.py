@@ -9,10 +9,9 @@ normalised target whatever the input precision (rules that use unnormalised rows
 laws).
 
 The float64 values exist only a chunk of rows at a time (:func:`chunk_rows`), never for a whole
-``[B, k, gamma + 1, V]`` tensor. Why: ``x.sum(-1, dtype=torch.float64)`` and ``x.double()``
-materialise a float64 copy of ``x`` (twice the memory of float32 laws) and, on the CPU, run
-2x slower than casting and summing a row at a time, which stays in a core's cache across
-the passes over it (``benchmarks/bench_twins.py``).
+``[B, k, gamma + 1, V]`` tensor: ``x.sum(-1, dtype=torch.float64)`` and ``x.double()``
+materialise a float64 copy of ``x``, twice the memory of float32 laws, where a chunk cast in
+turn stays in a core's cache across the passes over it.
 
 Rows are named by ``index``: a tuple of int64 ``[R]`` tensors over the leading axes of ``x``
 (``x[index]`` is ``[R, V]``), or ``None`` for every row of ``x`` in order.

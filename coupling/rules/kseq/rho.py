@@ -204,8 +204,8 @@ def torch_ops() -> Ops:
         nonzero=lambda m: torch.nonzero(m).squeeze(1),
         arange=lambda n, like: torch.arange(n, dtype=torch.float64, device=like.device),
         ones=lambda n, like: torch.ones(n, dtype=torch.float64, device=like.device),
-        # a selection by arithmetic: torch.where over a row of V = 49152 costs 15x a clamp on
-        # the CPU (benchmarks/bench_twins.py's kseq rows)
+        # selections by arithmetic: on the CPU torch.where over a row of V = 49152 costs about
+        # 10x a clamp (and kseq's twin computes this root on such rows)
         minimum=torch.minimum, pos=lambda x: x.clamp(min=0.0), neg=lambda x: x.clamp(max=0.0),
         masked=lambda x, mask: x * mask,
         f64=lambda x: x.to(torch.float64), index=lambda x: x.to(torch.int64),

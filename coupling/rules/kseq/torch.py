@@ -66,8 +66,8 @@ def step(p_i, q_i, x, alive, coins, u, i, act):
                                 max(int(mr.max()), 1), rho_np.torch_ops())
     # exact zeros of the residual come out as +-1e-17: within 64 ulps of p(x) they count as 0,
     # as in coupling.rules.kseq.residual_at (the two backends then agree on the support); the
-    # selections are products with the masks (exact on finite rows; a torch.where over the
-    # rows costs 15x more on the CPU)
+    # selection is a product with the mask (exact on finite rows; on the CPU a torch.where
+    # over the rows costs about 10x more)
     r = low.mul_(-c).add_(p64)  # p - c min(q, p / rho)
     r.mul_(r > (RESIDUAL_ULPS * torch.finfo(torch.float64).eps) * p64)
     if bool((beta <= 0).any()):  # nothing to accept: the residual is p itself
