@@ -29,6 +29,9 @@ __all__ = ["chunk_rows", "row_sums", "normalised_rows", "residual_masses", "resi
 CPU_CHUNK = 1 << 16
 #: float64 elements per chunk on an accelerator (fewer kernel launches; 128 MiB)
 DEVICE_CHUNK = 1 << 24
+#: named rows gathered in one call when they hold at most this many entries (in ``x``'s
+#: dtype: a fraction of the laws), else a chunk at a time
+GATHER_AT_MOST = 1 << 22
 
 Index = tuple[torch.Tensor, ...]
 
@@ -75,6 +78,8 @@ def _source(x: torch.Tensor, index: Index | None) -> tuple[int, Take]:
     memory, copies otherwise)."""
     V = x.shape[-1]
     x = x.detach()  # laws of a draft in training: the twins differentiate nothing
+    if x.numel() == 0 or (index is not None and index[0].numel() == 0):
+        return 0, lambda lo, hi: x.new_empty(0, V)
     if index is None and x.is_contiguous():
         flat = x.view(-1, V)
         return flat.shape[0], lambda lo, hi: flat[lo:hi]
@@ -88,7 +93,10 @@ def _source(x: torch.Tensor, index: Index | None) -> tuple[int, Take]:
     if n == 1 and x.device.type == "cpu":  # one row: a view (reading its id costs no sync)
         row = flat[int(ids):].narrow(0, 0, 1)
         return 1, lambda lo, hi: row
-    return n, lambda lo, hi: flat.index_select(0, ids if lo == 0 and hi == n else ids[lo:hi])
+    if n * V <= GATHER_AT_MOST:  # one gather in x's dtype, then chunks of it
+        rows = flat.index_select(0, ids)
+        return n, lambda lo, hi: rows[lo:hi]
+    return n, lambda lo, hi: flat.index_select(0, ids[lo:hi])
 
 
 def _spans(n: int, x: torch.Tensor) -> list[tuple[int, int]]:

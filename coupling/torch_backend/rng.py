@@ -81,17 +81,26 @@ def call_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int,
     t = _as_key(positions, "positions", s.device).reshape(-1, 1)
     s, t = torch.broadcast_tensors(s, t)
     gold = xp.const(keyed.GOLDEN)
+    streams, counters = _call_keys(g, k, s.device)
     h = keyed.mix(keyed.mix(s + gold, xp) ^ (t + gold), xp)
-    streams = torch.tensor([[STREAM_ACCEPT, STREAM_SAMPLE]], dtype=torch.int64, device=s.device)
-    h = keyed.mix(h ^ (streams + gold), xp)  # [B, 2]: the two streams' prefixes
+    h = keyed.mix(h ^ streams, xp)  # [B, 2]: the two streams' prefixes
     B, n = h.shape[0], g * k
-    i = torch.arange(g, device=s.device, dtype=torch.int64).unsqueeze(1)
-    j = torch.arange(k, device=s.device, dtype=torch.int64)
-    counters = torch.cat([(i * MAX_DRAFTS + j).flatten(),
-                          torch.arange(g + 1, device=s.device, dtype=torch.int64)])
     prefix = torch.cat([h[:, :1].expand(B, n), h[:, 1:].expand(B, g + 1)], 1)
-    u = keyed.to_unit(keyed.mix(prefix ^ (counters + gold), xp), xp)
+    u = keyed.to_unit(keyed.mix(prefix ^ counters, xp), xp)
     return u[:, :n].reshape(B, g, k), u[:, n:]
+
+
+@functools.lru_cache(maxsize=64)
+def _call_keys(g: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stream and counter words of :func:`call_uniforms` (``key + GOLDEN``), read only:
+    ``[1, 2]`` (accept, sample) and ``[g k + g + 1]`` (the coins' counters, then the draws')."""
+    gold = keyed.torch_backend().const(keyed.GOLDEN)
+    streams = torch.tensor([[STREAM_ACCEPT, STREAM_SAMPLE]], dtype=torch.int64, device=device)
+    i = torch.arange(g, device=device, dtype=torch.int64).unsqueeze(1)
+    j = torch.arange(k, device=device, dtype=torch.int64)
+    counters = torch.cat([(i * MAX_DRAFTS + j).flatten(),
+                          torch.arange(g + 1, device=device, dtype=torch.int64)])
+    return streams + gold, counters + gold
 
 
 @functools.lru_cache(maxsize=8)
