@@ -35,6 +35,7 @@ from coupling.keyed import (
 )
 from coupling.torch_backend import gumbel_noise, keyed_uniforms, uniforms
 from coupling.torch_backend.common import accept_uniforms, coin_uniforms, sample_uniforms
+from coupling.torch_backend.rng import call_uniforms as torch_call_uniforms
 
 from .torch_helpers import ALPHA, chi2_pvalue
 
@@ -109,6 +110,8 @@ def test_numpy_and_torch_backends_give_identical_bits(seeds, positions, stream, 
     s1 = torch.tensor(seeds)
     t1 = torch.tensor(positions[:1]).expand(len(seeds))
     coins_t, u_t = coin_uniforms(s1, t1, n, k), sample_uniforms(s1, t1, n)
+    both = torch_call_uniforms(s1, t1, n, k)  # the two streams hashed in one pass
+    assert torch.equal(both[0], coins_t) and torch.equal(both[1], u_t)
     for b, seed in enumerate(seeds):
         coins, u = call_uniforms(seed, positions[0], n, k)
         assert np.array_equal(coins, coins_t[b].numpy()) and np.array_equal(u, u_t[b].numpy())

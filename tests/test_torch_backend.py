@@ -1,7 +1,8 @@
 """What the torch backend package itself holds (:mod:`coupling.torch_backend`): the verdict
 layout, input validation (``check_inputs``, ``check_probs``), inverse-CDF sampling
-(``sample_rows``), the batched walk of a draft tree (``walk_tree``, ``verify_tree``) and the
-dispatcher ``coupling.verify`` over every rule of :data:`coupling.RULES`.
+(``sample_rows``), the float64 rows of the laws (``laws``), the batched walk of a draft tree
+(``walk_tree``, ``verify_tree``) and the dispatcher ``coupling.verify`` over every rule of
+:data:`coupling.RULES`.
 
 Each twin's own conformance (parity with its numpy core, exact laws, losslessness, batch
 invariance) is tested in ``tests/rules/test_<rule>_torch.py``; the keyed randomness in
@@ -22,7 +23,7 @@ from coupling.keyed import MAX_DRAFTS
 from coupling.rules import NEGATIVE_CONTROLS, RULES
 from coupling.rules.common import categorical
 from coupling.rules.walk import walk
-from coupling.torch_backend import Verdict, check_inputs, check_probs, sample_rows, walk_tree
+from coupling.torch_backend import Verdict, check_inputs, check_probs, laws, sample_rows, walk_tree
 from coupling.torch_backend.common import coin_uniforms, sample_uniforms
 from coupling.torch_backend.tree import first_true, verify_tree
 
@@ -248,6 +249,37 @@ def test_sample_rows_falls_back_on_rows_without_weight():
     W = torch.tensor([[0.0, 0.0, 0.0], [0.0, 2.0, 0.0]], dtype=torch.float64)
     fallback = torch.tensor([[0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
     assert sample_rows(W, torch.tensor([0.3, 0.3]), fallback=fallback).tolist() == [2, 1]
+
+
+# ----------------------------------------------------------------------------- laws in float64
+@pytest.mark.parametrize("chunk", [laws.CPU_CHUNK, 7])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_laws_rows_are_the_float64_values_of_every_layout(monkeypatch, chunk, dtype):
+    """Row sums, normalised rows, residual masses and weights of ``x[index]`` (or of every
+    row) equal the same formulas on the float64 copy, for contiguous, sliced, branch-selected
+    and expanded layouts, in one chunk or chunks of one row (``chunk`` elements)."""
+    monkeypatch.setattr(laws, "CPU_CHUNK", chunk)
+    gen = torch.Generator().manual_seed(36)
+    base = torch.rand(5, 3, 4, 7, generator=gen, dtype=torch.float64).to(dtype)
+    other = torch.rand(5, 3, 4, 7, generator=gen, dtype=torch.float64).to(dtype)
+    layouts = [base, base[:, 1], base[:, :, :3], base[:, :1].expand(5, 3, 4, 7)]
+    for x in layouts:
+        ref = x.double()
+        assert torch.equal(laws.row_sums(x), ref.sum(-1))
+        flat = ref.reshape(-1, 7)
+        assert torch.equal(laws.normalised_rows(x), flat / flat.sum(-1, keepdim=True))
+    index = (torch.tensor([4, 0, 2, 2, 1]), torch.tensor([1, 0, 2, 2, 0]),
+             torch.tensor([3, 0, 1, 1, 2]))
+    a = torch.rand(5, generator=gen, dtype=torch.float64)
+    b = torch.rand(5, generator=gen, dtype=torch.float64)
+    P, Q = base.double()[index], other.double()[index]
+    assert torch.equal(laws.row_sums(base, index), P.sum(-1))
+    assert torch.equal(laws.normalised_rows(base, index), P / P.sum(-1, keepdim=True))
+    want = (P * a[:, None] - Q * b[:, None]).clamp(min=0.0)
+    assert torch.equal(laws.residual_weights(base, other, index, index, a, b), want)
+    assert torch.equal(laws.residual_masses(base, other, index, index, a, b), want.sum(-1))
+    one = tuple(i[:1] for i in index)  # a single row: read as a view
+    assert torch.equal(laws.row_sums(base, one), P[:1].sum(-1))
 
 
 # ----------------------------------------------------------------------------- the walk

@@ -281,14 +281,16 @@ def simulate_tree_stream(
     replacement=True,
     drafter=None,
     verifier_kw=None,
+    dtype=torch.float64,
 ) -> torch.Tensor:
     """Batched speculative decoding with k draft branches per request; first ``length`` tokens.
 
     Branches are i.i.d. continuations (``replacement=True``), or, without replacement, the
     k first tokens are drawn by successive sampling and each branch continues alone. A
     ``drafter(q_rows [N,V], seeds [N], positions [N]) -> [N]`` draws each token (default i.i.d.).
+    The laws reach the verifier in ``dtype``.
     """
-    T, D = BatchedTabular(target), BatchedTabular(draft)
+    T, D = BatchedTabular(target, dtype), BatchedTabular(draft, dtype)
     draw = drafter or iid_drafter(seed)
     out = torch.full((B, length * (gamma + 2)), -1, dtype=torch.int64)
     n = torch.zeros(B, dtype=torch.int64)

@@ -16,13 +16,15 @@ Glossary and shapes (every twin)::
 Each twin lives in its rule's folder (``coupling.rules.<name>.torch``) and is found through
 :data:`coupling.rules.RULES`; this package holds what they share: :mod:`.common` (``Verdict``,
 validation, inverse-CDF sampling), :mod:`.rng` (keyed uniforms and Gumbel noise), :mod:`.tree`
-(the batched walk that lifts a single-step rule to draft trees).
+(the batched walk that lifts a single-step rule to draft trees), :mod:`.laws` (float64 rows of
+the normalised laws, a chunk at a time: what makes every twin exact for float32 and
+half-precision laws).
 """
 
 from __future__ import annotations
 
 from .common import Verdict, check_inputs, check_probs, sample_rows
-from .rng import gumbel_noise, keyed_uniforms, uniforms
+from .rng import call_uniforms, gumbel_noise, keyed_uniforms, uniforms
 from .tree import walk_tree
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "sample_rows",
     "uniforms",
     "keyed_uniforms",
+    "call_uniforms",
     "gumbel_noise",
     "walk_tree",
 ]

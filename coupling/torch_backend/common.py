@@ -10,12 +10,14 @@ the bonus law); ``seeds``, ``positions`` int64 ``[B]``.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 
 from ..keyed import MAX_DRAFTS, STREAM_ACCEPT, STREAM_SAMPLE
-from .rng import keyed_uniforms, uniforms
+from .laws import residual_weights, row_sums
+from .rng import call_uniforms, keyed_uniforms, uniforms
 
 __all__ = [
     "Verdict",
@@ -23,10 +25,13 @@ __all__ = [
     "check_inputs",
     "check_token_ids",
     "sample_rows",
+    "search_cdf",
     "assemble",
     "coin_uniforms",
     "accept_uniforms",
     "sample_uniforms",
+    "call_draws",
+    "law_sums",
     "draft_ratios",
     "emit_residual",
     "MAX_DRAFTS",
@@ -225,6 +230,21 @@ def sample_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int) -> tor
     return uniforms(seeds, positions, g + 1, stream=STREAM_SAMPLE)
 
 
+def call_draws(seeds: torch.Tensor, positions: torch.Tensor, g: int, k: int,
+               accept_u: torch.Tensor | None = None,
+               sample_u: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A call's coins ``[B, g, k]`` and draws ``[B, g + 1]``, float64: ``accept_u`` (any shape
+    of ``B g k`` entries) and ``sample_u`` where given, else the keyed ones
+    (:func:`.rng.call_uniforms`, both streams in one pass)."""
+    B = seeds.shape[0]
+    if accept_u is None and sample_u is None:
+        return call_uniforms(seeds, positions, g, k)
+    coins = coin_uniforms(seeds, positions, g, k) if accept_u is None \
+        else accept_u.to(torch.float64).reshape(B, g, k)
+    u = sample_uniforms(seeds, positions, g) if sample_u is None else sample_u.to(torch.float64)
+    return coins, u
+
+
 def sample_rows(
     weights: torch.Tensor, u: torch.Tensor, fallback: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -235,20 +255,28 @@ def sample_rows(
     is 0 sample from ``fallback`` instead (their conditioning event has probability 0 in
     exact arithmetic; it can only be reached through float rounding).
     """
-    w = weights.to(torch.float64)
-    cdf = w.cumsum(-1)  # [N, V]
+    return search_cdf(weights.to(torch.float64).cumsum(-1), u, fallback)
+
+
+def search_cdf(cdf: torch.Tensor, u: torch.Tensor,
+               fallback: torch.Tensor | Callable[[], torch.Tensor] | None = None
+               ) -> torch.Tensor:
+    """:func:`sample_rows` on the float64 running sums ``cdf [N, V]`` of the weights (a caller
+    that made the weights may sum them in place: ``weights.cumsum_(-1)``); ``fallback`` may
+    be a function that makes it, called only if a row has no weight."""
     total = cdf[:, -1]
     if fallback is not None:
         empty = total <= 0
         if bool(empty.any()):
-            cdf = torch.where(empty.unsqueeze(-1), fallback.to(torch.float64).cumsum(-1), cdf)
+            law = fallback() if callable(fallback) else fallback
+            cdf = torch.where(empty.unsqueeze(-1), law.to(torch.float64).cumsum(-1), cdf)
             total = cdf[:, -1]
     # keep the target strictly below the total so the search always lands on a positive cell
     target = torch.minimum(
         u.to(torch.float64) * total, torch.nextafter(total, torch.zeros_like(total))
     )
     idx = torch.searchsorted(cdf, target.unsqueeze(-1), right=True).squeeze(-1)
-    return idx.clamp_(max=w.shape[-1] - 1)
+    return idx.clamp_(max=cdf.shape[-1] - 1)
 
 
 def assemble(
@@ -265,30 +293,50 @@ def assemble(
     return Verdict(accepted, branch, next_token, tokens)
 
 
-def draft_ratios(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """``r[b, j, i] = p[b, j, i, x] / q[b, j, i, x]`` at the drafted ``x``, float64
-    ``[B, k, g]``."""
+def law_sums(drafts: torch.Tensor, p: torch.Tensor,
+             q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 row sums ``(sum p [B, k, g], sum q [B, k, g])`` at the drafted offsets: what
+    normalises the laws (:mod:`.laws`)."""
+    g = drafts.shape[-1]
+    return row_sums(p[:, :, :g]), row_sums(q)
+
+
+def draft_ratios(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
+                 sums: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """``r[b, j, i] = P(x) / Q(x)`` at the drafted ``x``, float64 ``[B, k, g]``, on the
+    normalised laws ``P = p / sum p``, ``Q = q / sum q`` (:mod:`.laws`); ``sums``: their row
+    sums :func:`law_sums`, if the caller has them."""
     x = drafts.unsqueeze(-1)  # [B, k, g, 1]
     g = drafts.shape[-1]
-    px = p[:, :, :g].gather(-1, x).squeeze(-1).to(torch.float64)
-    qx = q.gather(-1, x).squeeze(-1).to(torch.float64)
+    sp, sq = law_sums(drafts, p, q) if sums is None else sums
+    px = p[:, :, :g].gather(-1, x).squeeze(-1).to(torch.float64) / sp
+    qx = q.gather(-1, x).squeeze(-1).to(torch.float64) / sq
     return px / qx
 
 
 def emit_residual(p: torch.Tensor, q: torch.Tensor, n: torch.Tensor, w_n: torch.Tensor,
-                  u: torch.Tensor) -> torch.Tensor:
-    """Token emitted at stop position ``n``: ``norm(max(w_n p_n - q_n, 0))`` with ``q_g := 0``.
+                  u: torch.Tensor, *,
+                  sums: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Token emitted at stop position ``n``: ``norm(max(w_n P_n - Q_n, 0))`` with ``Q_g := 0``,
+    on the normalised laws ``P = p / sum p``, ``Q = q / sum q``.
 
     ``p [B, g+1, V]``, ``q [B, g, V]``, ``n [B]`` in ``0..g``, ``w_n [B]`` (1 for the token rule
-    and for the bonus), ``u [B]``. At ``n = g`` the weight row is ``w_g p_g``; callers pass
-    ``w_n = 1`` there so the bonus is an exact sample of ``p_g``.
+    and for the bonus), ``u [B]``; ``sums``: the float64 row sums ``(sum p_n, sum q_n) [B]``
+    at the stop rows if the caller has them (read where ``n < g``). At ``n = g`` the weight
+    row is ``w_g p_g``; callers pass ``w_n = 1`` there so the bonus is an exact sample of
+    ``p_g``. A residual of no mass (an event of probability 0, reached only through
+    rounding) samples ``P_n``.
     """
     B, g1, V = p.shape
     g = g1 - 1
     rows = torch.arange(B, device=p.device)
-    p_n = p[rows, n]  # [B, V]
-    q_n = q[rows, n.clamp(max=max(g - 1, 0))] if g > 0 else torch.zeros_like(p_n)
-    at_end = (n == g).unsqueeze(-1)
-    wts = (w_n.to(torch.float64).unsqueeze(-1) * p_n - torch.where(at_end, 0.0, q_n)).clamp_(
-        min=0.0)
-    return sample_rows(wts, u, fallback=p_n)
+    at = (rows, n)
+    if g == 0:  # no draft: the bonus token
+        return sample_rows(p[:, 0], u)
+    at_q = (rows, n.clamp(max=g - 1))
+    sp, sq = (row_sums(p, at), row_sums(q, at_q)) if sums is None else sums
+    stop = n < g
+    a = w_n.to(torch.float64) / torch.where(stop, sp, 1.0)
+    b = torch.where(stop, 1.0 / sq, 0.0)
+    cdf = residual_weights(p, q, at, at_q, a, b).cumsum_(-1)
+    return search_cdf(cdf, u, fallback=lambda: p[at])

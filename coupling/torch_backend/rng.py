@@ -12,7 +12,7 @@ import functools
 import torch
 
 from .. import keyed
-from ..keyed import STREAM_ACCEPT, STREAM_DRAFT, STREAM_GUMBEL, STREAM_SAMPLE
+from ..keyed import MAX_DRAFTS, STREAM_ACCEPT, STREAM_DRAFT, STREAM_GUMBEL, STREAM_SAMPLE
 
 __all__ = [
     "STREAM_ACCEPT",
@@ -21,6 +21,7 @@ __all__ = [
     "STREAM_DRAFT",
     "keyed_uniforms",
     "uniforms",
+    "call_uniforms",
     "gumbel_noise",
 ]
 
@@ -62,6 +63,44 @@ def uniforms(seeds: torch.Tensor, positions: torch.Tensor, n: int, *,
     t = _as_key(positions, "positions", s.device).reshape(-1, 1)
     j = torch.arange(n, device=s.device, dtype=torch.int64)
     return keyed.uniforms(s, t, int(stream), j, keyed.torch_backend())
+
+
+def call_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int,
+                  k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A verification call's numbers for each request, hashed in one pass: ``coins [B, g, k]``,
+    ``U(seed, t, STREAM_ACCEPT, i * MAX_DRAFTS + j)``, and ``u [B, g + 1]``,
+    ``U(seed, t, STREAM_SAMPLE, i)``, float64 (``seeds``, ``positions`` int64 ``[B]``).
+
+    The bits of :func:`uniforms` and :func:`keyed_uniforms` at those keys, and of the numpy
+    :func:`coupling.keyed.call_uniforms`: the two streams share the hash's (seed, position)
+    stages, so each is hashed once per request (a call of a few requests costs a few dozen
+    small tensor operations, not twice that).
+    """
+    xp = keyed.torch_backend()
+    s = _as_key(seeds, "seeds", None).reshape(-1, 1)
+    t = _as_key(positions, "positions", s.device).reshape(-1, 1)
+    s, t = torch.broadcast_tensors(s, t)
+    gold = xp.const(keyed.GOLDEN)
+    streams, counters = _call_keys(g, k, s.device)
+    h = keyed.mix(keyed.mix(s + gold, xp) ^ (t + gold), xp)
+    h = keyed.mix(h ^ streams, xp)  # [B, 2]: the two streams' prefixes
+    B, n = h.shape[0], g * k
+    prefix = torch.cat([h[:, :1].expand(B, n), h[:, 1:].expand(B, g + 1)], 1)
+    u = keyed.to_unit(keyed.mix(prefix ^ counters, xp), xp)
+    return u[:, :n].reshape(B, g, k), u[:, n:]
+
+
+@functools.lru_cache(maxsize=64)
+def _call_keys(g: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stream and counter words of :func:`call_uniforms` (``key + GOLDEN``), read only:
+    ``[1, 2]`` (accept, sample) and ``[g k + g + 1]`` (the coins' counters, then the draws')."""
+    gold = keyed.torch_backend().const(keyed.GOLDEN)
+    streams = torch.tensor([[STREAM_ACCEPT, STREAM_SAMPLE]], dtype=torch.int64, device=device)
+    i = torch.arange(g, device=device, dtype=torch.int64).unsqueeze(1)
+    j = torch.arange(k, device=device, dtype=torch.int64)
+    counters = torch.cat([(i * MAX_DRAFTS + j).flatten(),
+                          torch.arange(g + 1, device=device, dtype=torch.int64)])
+    return streams + gold, counters + gold
 
 
 @functools.lru_cache(maxsize=8)

@@ -21,11 +21,15 @@ from collections.abc import Callable
 import torch
 
 from .common import Verdict, assemble, check_inputs, coin_uniforms, sample_rows, sample_uniforms
+from .laws import normalised_rows
+from .rng import call_uniforms
 
 __all__ = ["StepFn", "walk_tree", "prepare_tree", "verify_tree", "first_true"]
 
 # A single-step rule on the A unfinished rows: (p_i [A,V], q_i [A,V], x [A,k], alive [A,k],
-# coins [A,k], u [A], offset i, batch rows act [A]) -> output token y [A]
+# coins [A,k], u [A], offset i, batch rows act [A]) -> output token y [A]. With the walk's
+# default normalise=True, p_i and q_i are float64 rows of the normalised laws, fresh for the
+# call (the step may overwrite them).
 StepFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int,
      torch.Tensor],
@@ -38,9 +42,14 @@ def first_true(mask: torch.Tensor) -> torch.Tensor:
     return mask.to(torch.uint8).argmax(-1)
 
 
-def _laws_at(act: torch.Tensor, ref: torch.Tensor, i: int, *laws: torch.Tensor):
-    """``law[act, ref, i]`` ``[A, V]`` for each law: views for one row (most steps only read
-    a few entries; a gather would copy a V-vector per law and position), else copies."""
+def _laws_at(act: torch.Tensor, ref: torch.Tensor, i: int, *laws: torch.Tensor,
+             normalise: bool = False):
+    """``law[act, ref, i]`` ``[A, V]`` for each law: with ``normalise``, float64 rows divided
+    by their sums (:func:`.laws.normalised_rows`); else views for one row (a step that reads
+    a few entries copies no V-vector), copies otherwise."""
+    if normalise:
+        index = (act, ref, torch.full_like(act, i))
+        return tuple(normalised_rows(law, index) for law in laws)
     if act.numel() == 1:
         b, j = int(act), int(ref)
         return tuple(law[b, j, i].unsqueeze(0) for law in laws)
@@ -55,12 +64,18 @@ def walk_tree(
     coins: torch.Tensor,
     u_sample: torch.Tensor,
     bonus: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    *,
+    normalise: bool = True,
 ) -> Verdict:
     """Walk the draft tree (module doc) with a single-step rule ``step``.
 
     ``drafts [B,k,g]``, ``p [B,k,g+1,V]``, ``q [B,k,g,V]``, ``coins [B,g,k]``, ``u_sample [B,g+1]``.
     ``bonus(p_g [A,V], u [A], act [A]) -> [A]`` draws the bonus token of the unfinished
-    rows ``act`` (default: inverse CDF with ``u``).
+    rows ``act`` (default: inverse CDF with ``u``, which no scale changes). ``normalise``:
+    hand ``step`` and ``bonus`` float64 rows of the normalised laws ``p / sum p``,
+    ``q / sum q`` (:mod:`.laws`), so a rule's arithmetic is exact for laws of any precision;
+    ``False`` hands the rows as they are (for rules that no scale changes, e.g. a Gumbel
+    argmax).
     """
     B, k, g = drafts.shape
     dev = drafts.device
@@ -78,7 +93,8 @@ def walk_tree(
         al = alive[act]  # [A, k]
         ref = first_true(al)  # [A] lowest surviving branch: its laws are the prefix's laws
         x = drafts[act, :, i]  # [A, k]
-        y = step(*_laws_at(act, ref, i, p, q), x, al, coins[act, i], u_sample[act, i], i, act)
+        y = step(*_laws_at(act, ref, i, p, q, normalise=normalise), x, al, coins[act, i],
+                 u_sample[act, i], i, act)
         hit = al & (x == y.unsqueeze(1))  # [A, k] survivors that drafted y
         go = hit.any(-1)
         stop = act[~go]
@@ -90,9 +106,11 @@ def walk_tree(
     act = torch.nonzero(~done).squeeze(1)
     if act.numel():
         ref = first_true(alive[act])
-        (p_end,) = _laws_at(act, ref, g, p)  # [A, V]
         u_end = u_sample[act, g]
-        nxt[act] = bonus(p_end, u_end, act) if bonus is not None else sample_rows(p_end, u_end)
+        if bonus is None:  # the inverse CDF reads the raw row: no scale changes its draw
+            nxt[act] = sample_rows(*_laws_at(act, ref, g, p), u_end)
+        else:
+            nxt[act] = bonus(*_laws_at(act, ref, g, p, normalise=normalise), u_end, act)
         branch[act] = ref
     return assemble(drafts, accepted, branch, nxt)
 
@@ -113,9 +131,13 @@ def prepare_tree(drafts, p, q, seeds, positions, *, replacement: bool, validate:
             raise ValueError("replacement=False promises k distinct first tokens (successive "
                              "sampling), but some request repeats one; pass replacement=True "
                              "for i.i.d. branches")
-    coins = coin_uniforms(seeds, positions, g, k) if accept_u is None \
-        else accept_u.to(torch.float64)
-    u = sample_uniforms(seeds, positions, g) if sample_u is None else sample_u.to(torch.float64)
+    if accept_u is None and sample_u is None:  # the keyed ones, both streams in one pass
+        coins, u = call_uniforms(seeds, positions, g, k)
+    else:
+        coins = coin_uniforms(seeds, positions, g, k) if accept_u is None \
+            else accept_u.to(torch.float64)
+        u = sample_uniforms(seeds, positions, g) if sample_u is None \
+            else sample_u.to(torch.float64)
     if coins.shape != (B, g, k) or u.shape != (B, g + 1):
         raise ValueError(f"accept_u must be [B, gamma, k] = {(B, g, k)} and sample_u "
                          f"[B, gamma+1] = {(B, g + 1)}")

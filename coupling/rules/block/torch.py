@@ -12,8 +12,11 @@ none; every position is tested), then emit ``y ~ norm(max(w_n p_n - q_n, 0))`` i
 (for ``n = 0`` the token residual, since ``w_0 = 1``) or ``y ~ p_g`` if ``n = g``. ``0/0`` in
 ``h_i`` reads as ``h_i = 1`` (:mod:`coupling.rules.block`).
 
-The residual masses are one reduction over ``[B, g - 1, V]``, the memory traffic of reading the
-laws once; weights and masses are float64. Fed the same uniforms, the numpy core
+Everything is computed in float64 on the normalised laws ``p / sum p``, ``q / sum q``
+(:mod:`coupling.torch_backend.laws`). A residual mass is taken only where its test can pass:
+``h_i <= w_i`` (``s_i <= w_i``), so a coin ``eta_i >= w_i`` fails without it, and
+``eta_g < w_g`` settles ``n = g`` without any. The masses that are needed are one reduction
+over their rows, a chunk of rows at a time. Fed the same uniforms, the numpy core
 (:func:`coupling.rules.block.verify`) emits the same tokens up to float summation order: both
 are held to the same law by the conformance tests.
 """
@@ -24,15 +27,20 @@ import torch
 
 from ...torch_backend.common import (
     Verdict,
-    accept_uniforms,
     assemble,
+    call_draws,
     check_inputs,
     draft_ratios,
     emit_residual,
-    sample_uniforms,
+    law_sums,
 )
+from ...torch_backend.laws import residual_masses, row_sums
 
 __all__ = ["verify", "weights", "accepted"]
+
+#: a coin within this relative margin above ``w_i`` still gets its residual mass: ``h_i``
+#: is ``<= w_i`` in exact arithmetic, and above it by rounding only
+MARGIN = 2.0**-20
 
 
 def weights(ratios: torch.Tensor) -> torch.Tensor:
@@ -45,25 +53,33 @@ def weights(ratios: torch.Tensor) -> torch.Tensor:
     return w
 
 
-def accepted(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor, eta: torch.Tensor) -> torch.Tensor:
+def accepted(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor, eta: torch.Tensor, *,
+             sums: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Accepted length: ``w [B, g+1]``, ``p [B, g+1, V]``, ``q [B, g, V]``, ``eta [B, g]`` ->
-    int64 ``[B]``."""
+    int64 ``[B]``; ``sums``: the float64 row sums ``(sum p [B, >= g], sum q [B, g])`` if the
+    caller has them (else those of the rows read)."""
     B, g1 = w.shape
     g = g1 - 1
     if g == 0:
         return torch.zeros(B, dtype=torch.int64, device=w.device)
-    h = torch.empty(B, g, dtype=torch.float64, device=w.device)
-    if g > 1:
-        wi = w[:, 1:g]  # [B, g-1]
-        s = (wi.unsqueeze(-1) * p[:, 1:g] - q[:, 1:g]).clamp_(min=0.0).sum(-1)
-        den = s + (1.0 - wi)
-        # 0/0 (w_i = 1 and p_i = q_i) reads as h_i = 1: then w_{i+1} = 1 and h_{i+1} = 1, so
-        # the stop never lands on i and its (empty) residual is never used
-        h[:, : g - 1] = torch.where(den > 0, s / torch.where(den > 0, den, 1.0), 1.0)
-    h[:, g - 1] = w[:, g]
-    passed = eta < h  # [B, g]
-    idx = torch.arange(1, g + 1, device=w.device, dtype=torch.int64)
-    return (passed.to(torch.int64) * idx).amax(-1)
+    n = torch.where(eta[:, g - 1] < w[:, g], g, 0)  # h_g = w_g; the largest passing i wins
+    # the tests that can pass (h_i <= w_i) and can still matter (n < g)
+    open_ = (eta[:, : g - 1] < w[:, 1:g] * (1.0 + MARGIN)) & (n < g).unsqueeze(1)
+    b, i = torch.nonzero(open_, as_tuple=True)
+    if b.numel() == 0:
+        return n
+    i = i + 1
+    sp, sq = (row_sums(p, (b, i)), row_sums(q, (b, i))) if sums is None else (
+        sums[0][b, i], sums[1][b, i])
+    wi = w[b, i]
+    s = residual_masses(p, q, (b, i), (b, i), wi / sp, 1.0 / sq)
+    den = s + (1.0 - wi)
+    # 0/0 (w_i = 1 and p_i = q_i) reads as h_i = 1: then w_{i+1} = 1 and h_{i+1} = 1, so
+    # the stop never lands on i and its (empty) residual is never used
+    h = torch.where(den > 0, s / torch.where(den > 0, den, 1.0), 1.0)
+    passed = torch.zeros(B, g, dtype=torch.int64, device=w.device)
+    passed[b, i - 1] = torch.where(eta[b, i - 1] < h, i, 0)
+    return torch.maximum(n, passed.amax(-1))
 
 
 def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
@@ -76,13 +92,16 @@ def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
     drafts, p, q, seeds, positions = check_inputs(
         drafts, p, q, seeds, positions, validate=validate, atol=atol, max_k=1, rule="block")
     B, _, g = drafts.shape
-    eta = accept_uniforms(seeds, positions, g) if accept_u is None \
-        else accept_u.to(torch.float64).reshape(B, g)
-    v = sample_uniforms(seeds, positions, g) if sample_u is None else sample_u.to(torch.float64)
+    coins, v = call_draws(seeds, positions, g, 1, accept_u, sample_u)
+    eta = coins[:, :, 0]
     p1, q1 = p[:, 0], q[:, 0]
-    w = weights(draft_ratios(drafts, p, q)[:, 0])  # [B, g+1]
-    n = accepted(w, p1, q1, eta)  # [B]
+    sums = law_sums(drafts, p, q)  # every ratio enters w_g
+    w = weights(draft_ratios(drafts, p, q, sums=sums)[:, 0])  # [B, g+1]
+    sp, sq = sums[0][:, 0], sums[1][:, 0]  # [B, g]
+    n = accepted(w, p1, q1, eta, sums=(sp, sq))  # [B]
     rows = torch.arange(B, device=drafts.device)
     w_n = torch.where(n == g, 1.0, w[rows, n])
-    y = emit_residual(p1, q1, n, w_n, v[rows, n])
+    at = n.clamp(max=max(g - 1, 0))
+    y = emit_residual(p1, q1, n, w_n, v[rows, n], sums=(sp[rows, at], sq[rows, at]) if g
+                      else None)
     return assemble(drafts, n, torch.zeros_like(n), y)

@@ -100,4 +100,5 @@ def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None = None,
     def bonus(p_g, u, act):
         return target_token(p_g, act, g)
 
-    return walk_tree(step, drafts, p, q, dummy_coins, dummy_u, bonus=bonus)
+    # argmax(log p + G) is the same for any positive multiple of p: the rows as they are
+    return walk_tree(step, drafts, p, q, dummy_coins, dummy_u, bonus=bonus, normalise=False)

@@ -133,6 +133,10 @@ class Ops(NamedTuple):
     ones: Callable = None            # (n, like) -> [n] float64 ones
     f64: Callable = None             # cast to float64
     index: Callable = None           # cast to the backend's index dtype
+    minimum: Callable = None         # elementwise, of two arrays
+    pos: Callable = None             # max(x, 0), elementwise
+    neg: Callable = None             # min(x, 0), elementwise
+    masked: Callable = None          # (x, mask) -> x where mask, else 0 (x finite)
 
 
 PY_OPS = Ops(lambda cond, a, b: a if cond else b, math.log)
@@ -168,6 +172,8 @@ NP_OPS = Ops(
     arange=lambda n, like: np.arange(n, dtype=np.float64),
     ones=lambda n, like: np.ones(n, dtype=np.float64),
     f64=lambda x: np.asarray(x, dtype=np.float64), index=lambda x: np.asarray(x, dtype=np.intp),
+    minimum=np.minimum, pos=lambda x: np.maximum(x, 0.0), neg=lambda x: np.minimum(x, 0.0),
+    masked=lambda x, mask: np.where(mask, x, 0.0),
 )
 
 
@@ -198,6 +204,10 @@ def torch_ops() -> Ops:
         nonzero=lambda m: torch.nonzero(m).squeeze(1),
         arange=lambda n, like: torch.arange(n, dtype=torch.float64, device=like.device),
         ones=lambda n, like: torch.ones(n, dtype=torch.float64, device=like.device),
+        # selections by arithmetic: on the CPU torch.where over a row of V = 49152 costs about
+        # 10x a clamp (and kseq's twin computes this root on such rows)
+        minimum=torch.minimum, pos=lambda x: x.clamp(min=0.0), neg=lambda x: x.clamp(max=0.0),
+        masked=lambda x, mask: x * mask,
         f64=lambda x: x.to(torch.float64), index=lambda x: x.to(torch.int64),
     )
 
@@ -310,8 +320,8 @@ def direct_margin(p, q, dp, dq, m, kmax: int, rho, ops: Ops):
     non-negative terms (tokens below rho contribute ``q - p/rho``, those above
     ``p - rho q``)."""
     w = q - p / rho[:, None]
-    d = dq + ops.sum(ops.where(w > 0, w, 0.0))[:, 0]
-    e = dp - rho * ops.sum(ops.where(w < 0, w, 0.0))[:, 0]
+    d = dq + ops.sum(ops.pos(w))[:, 0]
+    e = dp - rho * ops.sum(ops.neg(w))[:, 0]
     return margin(rho, d, e, m, kmax, ops)[0]
 
 
@@ -362,8 +372,8 @@ def _bracket(R, P, Q, mf, kmax: int, ops: Ops):
     n = int(ops.amax(ops.sum(inside * 1)[:, 0]))
     if n <= SORT_AT_MOST:
         low, high = R <= 1.0, R >= mf[:, None]
-        base_lt = (ops.sum(ops.where(low, P, 0.0)), ops.sum(ops.where(low, Q, 0.0)))
-        base_ge = (ops.sum(ops.where(high, P, 0.0)), ops.sum(ops.where(high, Q, 0.0)))
+        base_lt = (ops.sum(ops.masked(P, low)), ops.sum(ops.masked(Q, low)))
+        base_ge = (ops.sum(ops.masked(P, high)), ops.sum(ops.masked(Q, high)))
     else:
         tol = bin_tolerance(R.shape[1], kmax)
         for _ in range(BIN_PASSES):
@@ -396,7 +406,7 @@ def optimal_rho_rows(p, q, m, ops: Ops = NP_OPS):
     piecewise-smooth validity margin, by the four steps of the module doc.
     """
     rho = ops.ones(p.shape[0], p)
-    b1 = ops.sum(ops.where(p < q, p, q))[:, 0]              # beta(1)
+    b1 = ops.sum(ops.minimum(p, q))[:, 0]                   # beta(1)
     need = (m > 1) & (b1 > 0)                                # else token / nothing to accept
     if not bool(need.any()):
         return rho
@@ -431,15 +441,15 @@ def optimal_rho_rows(p, q, m, ops: Ops = NP_OPS):
     s = ops.sum((t <= lo[:, None]) * 1)                      # breakpoints at or below lo
     below = (ops.take(lt[0], s)[:, 0], ops.take(lt[1], s)[:, 0])
     above = (ops.take(ge[0], s)[:, 0], ops.take(ge[1], s)[:, 0])
-    if ops is NP_OPS and idx.shape[0] == 1:
-        # one numpy row: the last two steps on Python floats, where a scalar operation costs a
-        # tenth of a one-element array's
+    if idx.shape[0] == 1:
+        # one row: the last two steps on Python floats, where a scalar operation costs a tenth
+        # of a one-element array's
         lo, hi, below, above, dp, dq = (float(v) if not isinstance(v, tuple)
                                         else tuple(float(w) for w in v)
                                         for v in (lo[0], hi[0], (below[0][0], below[1][0]),
                                                   (above[0][0], above[1][0]), dp[0], dq[0]))
         rho[idx] = _step_up(segment_root(lo, hi, below, above, (dp, dq), kmax, kmax, PY_OPS),
-                            P[0], Q[0], dp, dq, kmax)
+                            P[:1], Q[:1], dp, dq, kmax, ops)
         return rho
     # 3. the smooth root on the segment
     x = segment_root(lo, hi, below, above, (dp, dq), mm, kmax, ops)
@@ -458,14 +468,14 @@ def optimal_rho_rows(p, q, m, ops: Ops = NP_OPS):
     return rho
 
 
-def _step_up(x: float, p: np.ndarray, q: np.ndarray, dp: float, dq: float, k: int) -> float:
-    """Step 4 on one numpy row in Python floats: up by 1, 2, 4, ... ulps until the margin
+def _step_up(x: float, p, q, dp: float, dq: float, k: int, ops: Ops = NP_OPS) -> float:
+    """Step 4 on one row ``[1, V]`` in Python floats: up by 1, 2, 4, ... ulps until the margin
     summed directly is ``>= 0`` (``rho = k`` always is valid)."""
     step = float(np.finfo(np.float64).eps) * x
     while x < k:
         w = q - p / x
-        d = dq + float(np.maximum(w, 0.0).sum())
-        e = dp - x * float(np.minimum(w, 0.0).sum())
+        d = dq + float(ops.sum(ops.pos(w))[0, 0])
+        e = dp - x * float(ops.sum(ops.neg(w))[0, 0])
         if margin(x, d, e, k, k, PY_OPS)[0] >= 0.0:
             break
         x = min(float(k), x + step)

@@ -65,11 +65,14 @@ def step(p_i, q_i, x, alive, coins, u, i, act):
     c = rho_np.geometric_c_rows(beta, mr.clamp(min=1).to(torch.float64).unsqueeze(1),
                                 max(int(mr.max()), 1), rho_np.torch_ops())
     # exact zeros of the residual come out as +-1e-17: within 64 ulps of p(x) they count as 0,
-    # as in coupling.rules.kseq.residual_at (the two backends then agree on the support)
-    r = p64 - c * low
-    r = torch.where(r > RESIDUAL_ULPS * torch.finfo(torch.float64).eps * p64, r, 0.0)
-    res = torch.where(beta > 0, r, p64)
-    return y.index_put((rows,), sample_rows(res, u[rows], fallback=p64))
+    # as in coupling.rules.kseq.residual_at (the two backends then agree on the support); the
+    # selection is a product with the mask (exact on finite rows; on the CPU a torch.where
+    # over the rows costs about 10x more)
+    r = low.mul_(-c).add_(p64)  # p - c min(q, p / rho)
+    r.mul_(r > (RESIDUAL_ULPS * torch.finfo(torch.float64).eps) * p64)
+    if bool((beta <= 0).any()):  # nothing to accept: the residual is p itself
+        r = torch.where(beta > 0, r, p64)
+    return y.index_put((rows,), sample_rows(r, u[rows], fallback=p64))
 
 
 def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,

@@ -14,41 +14,54 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from ...torch_backend.common import Verdict
-from ...torch_backend.tree import StepFn, verify_tree
+from ...torch_backend.common import Verdict, check_inputs
+from ...torch_backend.tree import StepFn, first_true, verify_tree
 from ..rrs.torch import step as rrs_step
 from . import RULE, Optimal, verify_tuple
 
 __all__ = ["verify", "step"]
 
 
-def step(replacement: bool, rule: Optimal = RULE) -> StepFn:
-    """The single-step rule on the unfinished rows (:data:`coupling.torch_backend.tree.StepFn`)."""
+def step(replacement: bool, rule: Optimal = RULE,
+         laws: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepFn:
+    """The single-step rule on the unfinished rows (:data:`coupling.torch_backend.tree.StepFn`).
+
+    ``laws``: the call's ``(p [B, k, g+1, V], q [B, k, g, V])``. Where several plans are
+    optimal, laws one ulp apart may sample different ones: given ``laws``, the plan rows are
+    read from them and divided by their float64 sums in numpy, the numpy core's arithmetic
+    bit for bit (:func:`coupling.sequence.models.check_tree`); without, from the walk's
+    normalised rows.
+    """
     token_step = rrs_step(True)  # with one draft, rrs is exactly the token rule
 
     def step(p_i, q_i, x, alive, coins, u, i, act):
-        y = token_step(p_i, q_i, x, alive & (torch.cumsum(alive, -1) == 1), coins, u, i, act)
         multi = alive.sum(-1) >= 2
-        if not bool(multi.any()):
+        idx = torch.nonzero(multi).squeeze(1)
+        # m >= 2 survivors: the draft tuple's row of an exact LP plan (numpy, per row), read
+        # before the token step rewrites its rows in place
+        P, Q = _plan_laws(p_i, q_i, laws, act, alive, i, idx)
+        y = token_step(p_i, q_i, x, alive & (torch.cumsum(alive, -1) == 1), coins, u, i, act)
+        if idx.numel() == 0:
             return y
-        # m >= 2 survivors: an exact optimal coupling of their tuple (numpy, per row)
         y = y.clone()
-        idx = torch.nonzero(multi).squeeze(1).tolist()
-        P = p_i[idx].detach().to(torch.float64).cpu().numpy()
-        Q = q_i[idx].detach().to(torch.float64).cpu().numpy()
-        # each row divided by its float64 sum, as the numpy core's rows are
-        # (coupling.sequence.models.check_tree): where several plans are optimal, laws one ulp
-        # apart may sample different ones
-        P, Q = P / P.sum(-1, keepdims=True), Q / Q.sum(-1, keepdims=True)
         X, A = x[idx].cpu().numpy(), alive[idx].cpu().numpy()
         C, U = coins[idx].cpu().numpy(), u[idx].cpu().numpy()
-        for n, b in enumerate(idx):    # the survivors' coins, then the offset's draw
+        for n, b in enumerate(idx.tolist()):    # the survivors' coins, then the offset's draw
             uu = np.append(C[n][A[n]], U[n])
             y[b] = verify_tuple(P[n], Q[n], X[n][A[n]], uu,
                                 replacement=replacement, sampler=rule.sampler)
         return y
 
     return step
+
+
+def _plan_laws(p_i, q_i, laws, act, alive, i: int, idx):
+    """The float64 laws ``[M, V]`` of the rows ``idx`` that sample a plan (:func:`step`)."""
+    if laws is None:
+        return p_i[idx].cpu().numpy(), q_i[idx].cpu().numpy()
+    at = (act[idx], first_true(alive[idx]), torch.full_like(idx, i))
+    P, Q = (law[at].detach().to(torch.float64).cpu().numpy() for law in laws)
+    return P / P.sum(-1, keepdims=True), Q / Q.sum(-1, keepdims=True)
 
 
 def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
@@ -58,6 +71,8 @@ def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
            atol: float | None = None, rule: Optimal = RULE) -> Verdict:
     """LP-optimal verification over draft trees, batched (arguments as
     :func:`coupling.rules.rrs.torch.verify`; ``rule`` carries the sampler)."""
-    return verify_tree(step(replacement, rule), drafts, p, q, seeds, positions,
+    # the shapes as the walk reads them (the value checks run once, in verify_tree)
+    d, P, Q, _, _ = check_inputs(drafts, p, q, seeds, positions, validate=False, rule="optimal")
+    return verify_tree(step(replacement, rule, laws=(P, Q)), d, P, Q, seeds, positions,
                        replacement=replacement, validate=validate, atol=atol, accept_u=accept_u,
                        sample_u=sample_u, rule="optimal")

@@ -4,7 +4,8 @@ With ``m`` survivors at an offset (:mod:`coupling.torch_backend.tree`): target `
 each surviving draft in branch order, accept iff ``u_j q_j(x_j) < r(x_j)``, else
 ``r <- norm((r - q_j)_+)``; without replacement also ``q_{j+1} = q_j`` with ``x_j`` removed,
 renormalised. After all are rejected, draw from ``r``. The same strict tests and inverse-CDF
-convention as :func:`coupling.rules.rrs.verify`, in float64.
+convention as :func:`coupling.rules.rrs.verify`, in float64 on the normalised laws; each
+rejection rewrites only the rows of the requests that rejected, in place.
 """
 
 from __future__ import annotations
@@ -17,41 +18,55 @@ from ...torch_backend.tree import StepFn, verify_tree
 __all__ = ["verify", "step"]
 
 
+def _reject(r: torch.Tensor, qc: torch.Tensor, rows: torch.Tensor, xj: torch.Tensor,
+            replacement: bool) -> None:
+    """The requests ``rows`` rejected their draft ``xj [A]``: in place, their target becomes
+    ``norm((r - q)_+)`` and (without replacement) their draft law ``q`` without ``xj``,
+    renormalised."""
+    d = r.index_select(0, rows)
+    qq = qc.index_select(0, rows)
+    _renormalise_rows(r, rows, d.sub_(qq).clamp_(min=0.0))
+    if not replacement:
+        _renormalise_rows(qc, rows, qq.scatter_(1, xj.index_select(0, rows).unsqueeze(1), 0.0))
+
+
+def _renormalise_rows(law: torch.Tensor, rows: torch.Tensor, d: torch.Tensor) -> None:
+    """``law[rows] = d / sum d`` per row, in place. A row of no mass keeps its law: for the
+    target, this test accepts with probability 1 and the residual is never used (as in the
+    numpy core)."""
+    z = d.sum(-1, keepdim=True)
+    empty = z <= 0
+    d.div_(torch.where(empty, 1.0, z))
+    if bool(empty.any()):
+        keep = torch.nonzero(~empty.squeeze(1)).squeeze(1)
+        rows, d = rows[keep], d[keep]
+    law.index_copy_(0, rows, d)
+
+
 def step(replacement: bool) -> StepFn:
-    """The single-step rule on the unfinished rows (:data:`coupling.torch_backend.tree.StepFn`)."""
+    """The single-step rule on the unfinished rows (:data:`coupling.torch_backend.tree.StepFn`),
+    on the walk's own float64 rows of the normalised laws, which it rewrites in place."""
 
     def step(p_i, q_i, x, alive, coins, u, i, act):
         B, k = x.shape
-        # r (current target) and qc (current draft law) are p and q until the first rejection:
-        # their float64 copies [B, V] are made then (a step that accepts at once reads p and
-        # q at the draft only)
-        r = qc = None
+        r, qc = p_i, q_i  # the current target and draft law of each request
         decided = torch.zeros(B, dtype=torch.bool, device=x.device)
         y = torch.zeros(B, dtype=torch.int64, device=x.device)
         for j in range(k):  # sequential by definition: each rejection changes the target
-            xj = x[:, j : j + 1]  # [B, 1]
-            rx, qx = ((p_i, q_i) if r is None else (r, qc))
-            rx, qx = (v.gather(1, xj).squeeze(1).to(torch.float64) for v in (rx, qx))
+            xj = x[:, j]
+            rx = r.gather(1, xj.unsqueeze(1)).squeeze(1)
+            qx = qc.gather(1, xj.unsqueeze(1)).squeeze(1)
             test = alive[:, j] & ~decided
             acc = test & (coins[:, j] * qx < rx)
-            y = torch.where(acc, xj.squeeze(1), y)
+            y = torch.where(acc, xj, y)
             decided = decided | acc
-            rej = (test & ~acc).unsqueeze(1)
-            if not bool(rej.any()):  # nothing rejected: r and q_j stay as they are
-                continue
-            if r is None:
-                r, qc = p_i.to(torch.float64), q_i.to(torch.float64)
-            d = (r - qc).clamp_(min=0.0)
-            z = d.sum(-1, keepdim=True)
-            # z == 0: this step accepts with probability 1, the residual is never used
-            r = torch.where(rej & (z > 0), d / torch.where(z > 0, z, 1.0), r)
-            if not replacement:
-                qn = qc.scatter(1, xj, 0.0)
-                zq = qn.sum(-1, keepdim=True)
-                qc = torch.where(rej & (zq > 0), qn / torch.where(zq > 0, zq, 1.0), qc)
-        if bool(decided.all()):
+            rej = torch.nonzero(test & ~acc).squeeze(1)
+            if rej.numel():
+                _reject(r, qc, rej, xj, replacement)
+        rest = torch.nonzero(~decided).squeeze(1)
+        if rest.numel() == 0:
             return y
-        return torch.where(decided, y, sample_rows(p_i if r is None else r, u))
+        return y.index_put((rest,), sample_rows(r.index_select(0, rest), u[rest]))
 
     return step
 
