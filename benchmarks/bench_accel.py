@@ -1,0 +1,145 @@
+#!/usr/bin/env python
+"""Each compiled path of :mod:`coupling.llm.accel` against its pure-torch fallback, on the
+default demo's best rules, in one process.
+
+A compiled path keeps its place only if it changes the default demo's best-rule tokens/s by at
+least 3% (``--keep``). This script measures that: the demo's models, settings and prompts
+(``coupling demo``'s defaults: 8 prompts x 96 new tokens, seed = prompt index, the same
+generation calls through :func:`coupling.llm.demo.run_method`), run under several *arms*, each
+with its own copy of the models built and run inside ``accel.disabled(...)``:
+
+* ``all``: every compiled path serves;
+* ``-P`` for each path P: every path but P. ``feature_step`` runs the compiled int8 product
+  inside, so ``-int8_mm`` runs without both, and int8_mm's own ratio is taken against
+  ``-feature_step`` (the same arm with int8_mm on).
+
+For each round (``--rounds``) and prompt, every (arm, method) runs once, the arms' order
+rotated from prompt to prompt and round to round, so a machine that speeds up or slows down
+hits every arm alike; the totals pool all rounds. Printed: tokens/s and block efficiency per
+arm and method, then per path the ratio of the best method's tokens/s with the path to
+without it, and whether it reaches ``--keep``.
+
+Usage::
+
+    python benchmarks/bench_accel.py                          # the demo's best rules, 2 rounds
+    python benchmarks/bench_accel.py --methods token_feature --rounds 1 --prompts 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+#: the rules that run fastest in the default demo (``coupling demo``; docs/RESULTS.md)
+BEST = "token_feature,rrs_wor_k2_feature"
+
+
+def arms(names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """Arm label -> the paths it switches off."""
+    out = {"all": ()}
+    for name in names:
+        out[f"-{name}"] = ("int8_mm", "feature_step") if name == "int8_mm" else (name,)
+    return out
+
+
+def ratios(best: dict[str, float], names: tuple[str, ...]) -> dict[str, tuple[float, str, str]]:
+    """Path -> (best tokens/s with / without it, arm with, arm without)."""
+    out = {}
+    for name in names:
+        with_arm = "-feature_step" if name == "int8_mm" else "all"
+        out[name] = (best[with_arm] / best[f"-{name}"], with_arm, f"-{name}")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+
+    from coupling.llm import accel, demo
+    from coupling.llm.models import chat_prompt
+    from coupling.llm.sampling import SamplingConfig
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--methods", default=BEST, help=f"demo methods to time (default {BEST})")
+    ap.add_argument("--prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=96)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default torch's)")
+    ap.add_argument("--keep", type=float, default=1.03)
+    args = ap.parse_args(argv)
+    if accel.status() != "compiled":
+        print(f"no compiled paths here: {accel.status()}")
+        return 0
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dargs = demo.resolve_auto(demo.build_parser().parse_args(
+        ["--methods", args.methods, "--prompts", str(args.prompts),
+         "--max-new-tokens", str(args.max_new_tokens)]))
+    cfg = SamplingConfig(dargs.temperature, dargs.top_k, dargs.top_p)
+    by_label = {m.label: m for m in demo.FULL}
+    methods = [by_label[m] for m in args.methods.split(",")]
+    feature = any(m.drafter == "feature" for m in methods)
+    plan = arms(accel.NAMES)
+    loaded = {}
+    for arm, off in plan.items():
+        with accel.disabled(*off):
+            loaded[arm] = demo.load_models(dargs, feature=feature)
+    prompts = [chat_prompt(loaded["all"].tok, t) for t in demo.load_prompts()[:args.prompts]]
+
+    def one(arm: str, m, prompt: list[int], seed: int, n: int):
+        with accel.disabled(*plan[arm]):
+            return demo.run_method(loaded[arm], m, prompt, seed, n, dargs, cfg, True)
+
+    for arm in plan:                              # warm-up: first calls allocate
+        for m in methods:
+            one(arm, m, prompts[0], 12345, 8)
+    tot = {(arm, m.label): [0, 0.0, 0] for arm in plan for m in methods}
+    rounds = []
+    order = list(plan)
+    for r in range(args.rounds):
+        rounds.append({key: [0, 0.0, 0] for key in tot})
+        for i, prompt in enumerate(prompts):
+            shift = (r * len(prompts) + i) % len(order)
+            for arm in order[shift:] + order[:shift]:
+                for m in methods:
+                    res = one(arm, m, prompt, i, args.max_new_tokens)
+                    for t in (tot[(arm, m.label)], rounds[-1][(arm, m.label)]):
+                        t[0] += len(res.tokens)
+                        t[1] += res.seconds
+                        t[2] += res.target_calls
+            print(f"round {r + 1}/{args.rounds}, prompt {i + 1}/{len(prompts)} done",
+                  file=sys.stderr, flush=True)
+    report(tot, rounds, plan, methods, accel.NAMES, args.keep)
+    return 0
+
+
+def best_rates(tot, plan, methods) -> dict[str, float]:
+    """Arm -> the best method's tokens/s."""
+    return {arm: max(tot[(arm, m.label)][0] / tot[(arm, m.label)][1] for m in methods)
+            for arm in plan}
+
+
+def report(tot, rounds, plan, methods, names, keep: float) -> None:
+    width = max(len(a) for a in plan) + 2
+    print(f"{'arm':{width}s} {'method':24s} {'block eff':>9s} {'tok/s':>7s}")
+    for arm in plan:
+        for m in methods:
+            n, s, c = tot[(arm, m.label)]
+            print(f"{arm:{width}s} {m.label:24s} {n / c:9.3f} {n / s:7.2f}")
+    best = best_rates(tot, plan, methods)
+    per_round = [ratios(best_rates(t, plan, methods), names) for t in rounds]
+    print(f"\nbest-rule tokens/s with / without each path, pooled and per round (keep at "
+          f">= {keep:g}):")
+    for name, (ratio, with_arm, without) in ratios(best, names).items():
+        verdict = "keep" if ratio >= keep else "delete"
+        each = " ".join(f"{r[name][0]:.3f}" for r in per_round)
+        print(f"{name:14s} {ratio:6.3f}  ({with_arm} {best[with_arm]:.2f} / {without} "
+              f"{best[without]:.2f} tok/s; rounds {each})  {verdict}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
