@@ -15,13 +15,17 @@ with its own copy of the models built and run inside ``accel.disabled(...)``:
 
 For each round (``--rounds``) and prompt, every (arm, method) runs once, the arms' order
 rotated from prompt to prompt and round to round, so a machine that speeds up or slows down
-hits every arm alike; the totals pool all rounds. Printed: tokens/s and block efficiency per
-arm and method, then per path the ratio of the best method's tokens/s with the path to
-without it, and whether it reaches ``--keep``.
+hits every arm alike; the totals pool all rounds. Generations run without the demo's per-step
+analysis (it is not timed there either), and are timed twice: wall clock (the demo's
+tokens/s) and this process's CPU time (tokens per CPU second: what an idle machine's wall
+clock would show at one thread, steady where other jobs share the cores). Printed: tokens/s
+and block efficiency per arm and method, then per path the ratio of the best method's tokens/s
+with the path to without it, per clock, pooled and per round, and whether the CPU-time ratio
+reaches ``--keep``.
 
 Usage::
 
-    python benchmarks/bench_accel.py                          # the demo's best rules, 2 rounds
+    python benchmarks/bench_accel.py --threads 1              # the demo's best rules, 2 rounds
     python benchmarks/bench_accel.py --methods token_feature --rounds 1 --prompts 2
 """
 
@@ -30,6 +34,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -92,53 +97,58 @@ def main(argv: list[str] | None = None) -> int:
 
     def one(arm: str, m, prompt: list[int], seed: int, n: int):
         with accel.disabled(*plan[arm]):
-            return demo.run_method(loaded[arm], m, prompt, seed, n, dargs, cfg, True)
+            t0 = time.process_time()
+            res = demo.run_method(loaded[arm], m, prompt, seed, n, dargs, cfg, True,
+                                  predict=False)
+            return res, time.process_time() - t0
 
     for arm in plan:                              # warm-up: first calls allocate
         for m in methods:
             one(arm, m, prompts[0], 12345, 8)
-    tot = {(arm, m.label): [0, 0.0, 0] for arm in plan for m in methods}
+    tot = {(arm, m.label): [0, 0.0, 0, 0.0] for arm in plan for m in methods}
     rounds = []
     order = list(plan)
     for r in range(args.rounds):
-        rounds.append({key: [0, 0.0, 0] for key in tot})
+        rounds.append({key: [0, 0.0, 0, 0.0] for key in tot})
         for i, prompt in enumerate(prompts):
             shift = (r * len(prompts) + i) % len(order)
             for arm in order[shift:] + order[:shift]:
                 for m in methods:
-                    res = one(arm, m, prompt, i, args.max_new_tokens)
+                    res, cpu = one(arm, m, prompt, i, args.max_new_tokens)
                     for t in (tot[(arm, m.label)], rounds[-1][(arm, m.label)]):
                         t[0] += len(res.tokens)
                         t[1] += res.seconds
                         t[2] += res.target_calls
+                        t[3] += cpu
             print(f"round {r + 1}/{args.rounds}, prompt {i + 1}/{len(prompts)} done",
                   file=sys.stderr, flush=True)
     report(tot, rounds, plan, methods, accel.NAMES, args.keep)
     return 0
 
 
-def best_rates(tot, plan, methods) -> dict[str, float]:
-    """Arm -> the best method's tokens/s."""
-    return {arm: max(tot[(arm, m.label)][0] / tot[(arm, m.label)][1] for m in methods)
+def best_rates(tot, plan, methods, clock: int) -> dict[str, float]:
+    """Arm -> the best method's tokens per second of ``clock`` (1: wall, 3: CPU time)."""
+    return {arm: max(tot[(arm, m.label)][0] / tot[(arm, m.label)][clock] for m in methods)
             for arm in plan}
 
 
 def report(tot, rounds, plan, methods, names, keep: float) -> None:
     width = max(len(a) for a in plan) + 2
-    print(f"{'arm':{width}s} {'method':24s} {'block eff':>9s} {'tok/s':>7s}")
+    print(f"{'arm':{width}s} {'method':24s} {'block eff':>9s} {'tok/s':>7s} {'tok/cpu-s':>9s}")
     for arm in plan:
         for m in methods:
-            n, s, c = tot[(arm, m.label)]
-            print(f"{arm:{width}s} {m.label:24s} {n / c:9.3f} {n / s:7.2f}")
-    best = best_rates(tot, plan, methods)
-    per_round = [ratios(best_rates(t, plan, methods), names) for t in rounds]
-    print(f"\nbest-rule tokens/s with / without each path, pooled and per round (keep at "
-          f">= {keep:g}):")
-    for name, (ratio, with_arm, without) in ratios(best, names).items():
-        verdict = "keep" if ratio >= keep else "delete"
-        each = " ".join(f"{r[name][0]:.3f}" for r in per_round)
-        print(f"{name:14s} {ratio:6.3f}  ({with_arm} {best[with_arm]:.2f} / {without} "
-              f"{best[without]:.2f} tok/s; rounds {each})  {verdict}")
+            n, s, c, cpu = tot[(arm, m.label)]
+            print(f"{arm:{width}s} {m.label:24s} {n / c:9.3f} {n / s:7.2f} {n / cpu:9.2f}")
+    for clock, unit in ((3, "tokens per CPU second"), (1, "tokens/s, wall clock")):
+        best = best_rates(tot, plan, methods, clock)
+        per_round = [ratios(best_rates(t, plan, methods, clock), names) for t in rounds]
+        print(f"\nbest-rule {unit}, with / without each path, pooled and per round"
+              + (f" (keep at >= {keep:g}):" if clock == 3 else ":"))
+        for name, (ratio, with_arm, without) in ratios(best, names).items():
+            verdict = ("keep" if ratio >= keep else "delete") if clock == 3 else ""
+            each = " ".join(f"{r[name][0]:.3f}" for r in per_round)
+            print(f"{name:14s} {ratio:6.3f}  ({with_arm} {best[with_arm]:.2f} / {without} "
+                  f"{best[without]:.2f}; rounds {each})  {verdict}")
 
 
 if __name__ == "__main__":

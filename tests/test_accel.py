@@ -141,12 +141,15 @@ def test_the_setting_is_validated_and_torch_can_be_forced(monkeypatch):
 
 
 def test_disabled_switches_named_paths_off_inside_its_block_only(mm):
-    """``accel.disabled``: the named paths (all when none is named) are None inside the block,
-    nested blocks keep what the outer one switched off, and an unknown name is refused."""
+    """``accel.disabled``: the named paths are None inside the block and only they (none named:
+    nothing changes), nested blocks keep what the outer one switched off, and an unknown name
+    is refused."""
+    with accel.disabled():
+        assert all(accel.function(n) is not None for n in accel.NAMES)
     with accel.disabled("int8_mm"):
         assert accel.function("int8_mm") is None
         assert accel.function("top_k_law") is not None
-        with accel.disabled():
+        with accel.disabled(*accel.NAMES):
             assert all(accel.function(n) is None for n in accel.NAMES)
         assert accel.function("int8_mm") is None and accel.function("top_k_law") is not None
     assert accel.function("int8_mm") is mm

@@ -92,14 +92,15 @@ def status() -> str:
 
 @contextlib.contextmanager
 def disabled(*names: str) -> Iterator[None]:
-    """Inside the block, :func:`function` returns None for ``names`` (all paths when none are
-    named). Modules pick their path when they are built (:class:`~coupling.llm.int8.Int8Linear`,
+    """Inside the block, :func:`function` returns None for ``names`` (none named: nothing
+    changes; ``disabled(*NAMES)`` switches every path off). Modules pick their path when they
+    are built (:class:`~coupling.llm.int8.Int8Linear`,
     :meth:`~coupling.llm.feature_draft.FeatureDraft.quantize_int8`) or at each call (the
     sampling laws), so a model built inside the block keeps the torch path after it."""
     bad = [n for n in names if n not in NAMES]
     if bad:
         raise ValueError(f"no compiled path {bad}; choose among {', '.join(NAMES)}")
-    added = set(names or NAMES) - _off
+    added = set(names) - _off
     _off.update(added)
     try:
         yield

@@ -112,8 +112,9 @@ def load_models(args: argparse.Namespace, feature: bool = True) -> Models:
 
 
 def run_method(mdl: Models, m: Method, prompt: list[int], seed: int, n: int,
-               args: argparse.Namespace, cfg, tree: bool):
-    """One generation of ``n`` tokens after ``prompt`` by method ``m``, as the demo times it."""
+               args: argparse.Namespace, cfg, tree: bool, predict: bool = True):
+    """One generation of ``n`` tokens after ``prompt`` by method ``m``, as the demo times it
+    (``predict``: with the coupling analysis after every step, its time not counted)."""
     from .. import engine as E
 
     target, eos = mdl.target, mdl.tok.eos_token_id
@@ -126,7 +127,7 @@ def run_method(mdl: Models, m: Method, prompt: list[int], seed: int, n: int,
                              confidence=args.draft_confidence)
     return E.generate(target, drafter_for(mdl, m), prompt, max_new_tokens=n, rule=m.rule,
                       gamma=args.gamma, k=m.k, cfg=cfg, seed=seed, eos_token_id=eos,
-                      replacement=m.replacement, predict=True,
+                      replacement=m.replacement, predict=predict,
                       draft_confidence=args.draft_confidence,
                       tree_attention=tree if m.k > 1 else None)
 
