@@ -110,13 +110,11 @@ def print_table(tot: dict[str, list[float]], label: str, width: int) -> None:
               f"{1e3 * ts / c:14.1f} {1e3 * ds / c:13.2f} {1e3 * (s - ts - ds) / c:13.2f}")
 
 
-def int8_target(compiled: bool = True):
-    """The bf16 target with weight-only int8 layers on the compiled product (``compiled``) or
-    on torch's kernel. Check ``target.lm_head.kernel``: the compiled path may be unavailable."""
-    from coupling.llm import accel, int8, models
+def int8_target():
+    """The bf16 target with weight-only int8 projections and head (``int8.quantize_target``)."""
+    from coupling.llm import int8, models
 
-    with accel.disabled(*(() if compiled else ("int8_mm",))):
-        return int8.quantize_target_int8(models.load_target("bfloat16"))
+    return int8.quantize_target_int8(models.load_target("bfloat16"))
 
 
 class TargetStep:

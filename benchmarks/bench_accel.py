@@ -9,9 +9,7 @@ generation calls through :func:`coupling.llm.demo.run_method`), run under severa
 with its own copy of the models built and run inside ``accel.disabled(...)``:
 
 * ``all``: every compiled path serves;
-* ``-P`` for each path P: every path but P. ``feature_step`` runs the compiled int8 product
-  inside, so ``-int8_mm`` runs without both, and int8_mm's own ratio is taken against
-  ``-feature_step`` (the same arm with int8_mm on).
+* ``-P`` for each path P: every path but P.
 
 For each round (``--rounds``) and prompt, every (arm, method) runs once, the arms' order
 rotated from prompt to prompt and round to round, so a machine that speeds up or slows down
@@ -46,19 +44,12 @@ BEST = "token_feature,rrs_wor_k2_feature"
 
 def arms(names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     """Arm label -> the paths it switches off."""
-    out = {"all": ()}
-    for name in names:
-        out[f"-{name}"] = ("int8_mm", "feature_step") if name == "int8_mm" else (name,)
-    return out
+    return {"all": (), **{f"-{name}": (name,) for name in names}}
 
 
 def ratios(best: dict[str, float], names: tuple[str, ...]) -> dict[str, tuple[float, str, str]]:
     """Path -> (best tokens/s with / without it, arm with, arm without)."""
-    out = {}
-    for name in names:
-        with_arm = "-feature_step" if name == "int8_mm" else "all"
-        out[name] = (best[with_arm] / best[f"-{name}"], with_arm, f"-{name}")
-    return out
+    return {name: (best["all"] / best[f"-{name}"], "all", f"-{name}") for name in names}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -94,9 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             (E, "prefill", "prefill"),
             (FD.FeatureDrafter, "propose", "draft (FeatureDrafter.propose)"),
             (FD.FeatureDrafter, "_feed", "  forward (features + head)"),
-            (FD.FeatureDraft, "native_step", "    one compiled call (native_step)"),
-            (FD.FeatureDraft, "features", "    features (torch path)"),
-            (FD.FeatureDraft, "head_logits", "    head (torch path)"),
+            (FD.FeatureDraft, "features", "    features"),
+            (FD.FeatureDraft, "head_logits", "    head"),
             (FD.FeatureDraft, "law", "  law q"),
             (E, "sample_chain", "  sampling"))
     for owner, name, label in wrapped:

@@ -1,8 +1,7 @@
 #!/usr/bin/env python
 """What a target call costs as it scores more tokens, for the bf16 target (the baseline), a
 float32 copy and the weight-only int8 target (``int8.quantize_target_int8``, on torch's
-``_weight_int8pack_mm`` and on the compiled product of :mod:`coupling.llm.accel`), and how
-far each one's laws are from the float32 target's.
+``_weight_int8pack_mm``), and how far each one's laws are from the float32 target's.
 
 Speculative decoding sells a call that scores gamma + 1 tokens for about the price of a
 one-token call. Whether a CPU grants that depends on its matrix kernels: on one without native
@@ -45,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from ab_common import int8_target
 
-    from coupling.llm import accel, demo, models
+    from coupling.llm import demo, models
     from coupling.llm import engine as E
     from coupling.llm.sampling import SamplingConfig, probs
 
@@ -60,12 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     tok = models.load_tokenizer()
     cfg = SamplingConfig(0.7, 50, 0.95)
     targets = {"bf16": models.load_target("bfloat16"), "float32": models.load_target("float32"),
-               "bf16 + int8 weights": int8_target(compiled=False)}
-    compiled = int8_target(compiled=True)
-    if compiled.lm_head.kernel == "compiled":
-        targets["  the same, compiled"] = compiled
-    else:
-        print(f"no compiled int8 product here: {accel.status()}")
+               "bf16 + int8 weights": int8_target()}
     sizes = (1, 2, 3, 4, 5)
     print(f"target call, ms (median of {args.repeats}, context 100, {args.threads} thread(s))")
     print(f"{'round':<6}{'target':<24}" + "".join(f"{f'n={n}':>9}" for n in sizes)

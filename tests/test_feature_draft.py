@@ -1,12 +1,11 @@
-"""The feature draft's lean layer (:mod:`coupling.llm.feature_draft`): its cache, its stacked
-int8 projections, and its compiled step, against the Hugging Face body and the torch path."""
+"""The feature draft's lean layer (:mod:`coupling.llm.feature_draft`): its cache and its
+stacked int8 projections, against the Hugging Face body."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from coupling.llm import accel
 from coupling.llm import feature_draft as FD
 from tests.llm_helpers import V, tiny_pair
 
@@ -68,40 +67,3 @@ def test_lean_layer_stacked_int8_projections_are_bit_identical(pair):
     assert torch.equal(outs[0], outs[1])
 
 
-@pytest.mark.parametrize("B,n0,n", [(1, 12, 1), (1, 12, 3), (2, 5, 1), (1, 0, 4)])
-def test_compiled_feature_step_is_the_torch_step_bit_for_bit(pair, B, n0, n):
-    """With every product on the compiled int8 product, the feature draft's step runs as one
-    compiled call (``FeatureDraft.native_step``); its features, head logits (logit scale
-    applied) and cache entries must be the torch lean path's, bit for bit: after a prefix, for
-    several new pairs (the causal mask), and for k rows."""
-    target, _ = pair
-    torch.manual_seed(3)
-    draft = FD.FeatureDraft(target).eval()
-    with torch.no_grad():
-        draft.fc.weight.normal_(0, 0.3)
-    draft.logit_scale = 1.4
-    draft.quantize_int8()
-    if accel.function("feature_step") is None:
-        pytest.skip(f"no compiled feature step here: {accel.status()}")
-    assert draft._native is not None
-    d = target.config.hidden_size
-    g = torch.Generator().manual_seed(B * 100 + n0 + n)
-    py, nat = FD.PairCache(), FD.PairCache()
-    with torch.no_grad():
-        if n0:
-            ids0, f0 = torch.randint(0, V, (1, n0), generator=g), torch.randn(1, n0, d, generator=g)
-            draft.features(ids0, f0, py)
-            draft.native_step(ids0, f0, nat)
-        if B > 1:
-            py.batch_repeat_interleave(B)
-            nat.batch_repeat_interleave(B)
-        ids, f = torch.randint(0, V, (B, n), generator=g), torch.randn(B, n, d, generator=g)
-        want = draft.features(ids, f, py)
-        want_logits = draft.head_logits(want[:, -1])
-        got, got_logits = draft.native_step(ids, f, nat)
-    assert torch.equal(got, want) and torch.equal(got_logits, want_logits)
-    assert py.length == nat.length == n0 + n
-    assert torch.equal(py.k[:, :, :py.length], nat.k[:, :, :nat.length])
-    assert torch.equal(py.v[:, :, :py.length], nat.v[:, :, :nat.length])
-    # not int8 (or another product): the torch path, no compiled step
-    assert FD.FeatureDraft(target).eval().native_step(ids, f, FD.PairCache()) is None

@@ -40,7 +40,6 @@ from pathlib import Path
 
 import torch
 
-from . import accel
 from .drafts import DraftSpec, build_draft, head_ranking, stored_logit_scale, write_weights
 from .heads import SubsetHead, quantized_head_int8
 from .int8 import Int8Linear, quantize_layer_int8, quantize_linears_int8
@@ -79,8 +78,6 @@ class FeatureDraft(torch.nn.Module):
         self.fused_sizes: list[int] = []
         # calibrated for the sampling settings (coupling.llm.calibrate); 1.0 while training
         self.logit_scale = 1.0
-        # the whole int8 step in one compiled call (native_step), set up by quantize_int8
-        self._native = None
 
     def quantize_int8(self) -> FeatureDraft:
         """Weight-only int8 for ``fc``, the layer and the head (in place; see
@@ -102,52 +99,7 @@ class FeatureDraft(torch.nn.Module):
         quantize_linears_int8(self, ("fc",))
         quantize_layer_int8(lay)
         self.head = quantized_head_int8(self.head)
-        self._native = self._native_setup()
         return self
-
-    def _native_setup(self):
-        """(the compiled ``feature_step``, its weight arguments) when every product of the step
-        runs the compiled int8 product, else None (the step then stays in torch)."""
-        head = self.head.int8 if isinstance(self.head, SubsetHead) else self.head
-        lay = self.body.layers[0]
-        lins = (self.fc, *(self.fused or {}).values(), lay.self_attn.o_proj, lay.mlp.down_proj,
-                head) if self.fused is not None else ()
-        if len(lins) != 6 or not all(isinstance(m, Int8Linear) and m.kernel == "compiled"
-                                     for m in lins):
-            return None
-        fn = accel.function("feature_step")
-        if fn is None:
-            return None
-        fc, qkv, gate_up, o, down, hd = lins
-        none = torch.empty(0)
-        lin = [t for m in (fc, qkv, o, gate_up, down, hd)
-               for t in (m.qweight, m.scale_f32, m.scale, none if m.bias is None else m.bias)]
-        norms = (lay.input_layernorm, lay.post_attention_layernorm, self.body.norm)
-        return fn, lin, [m.weight for m in norms], [float(m.variance_epsilon) for m in norms]
-
-    def native_step(self, ids: torch.Tensor, feats: torch.Tensor, cache: PairCache
-                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """:meth:`features` on a :class:`PairCache` and :meth:`head_logits` of the last position
-        in one compiled call (:mod:`coupling.llm.accel`'s ``feature_step``): the same ATen
-        operations in the same order as the torch path, so the same bits (tested), without ~55
-        Python-dispatched ops. Returns ``(features [B, n, d], logits [B, S])``, or None where it
-        does not apply (no compiled path, not int8, not on a CPU)."""
-        if self._native is None or not ids.is_cpu:
-            return None
-        fn, lin, norms, eps = self._native
-        att = self.body.layers[0].self_attn
-        B, n = ids.shape
-        start = cache.length
-        dtype = self.body.embed_tokens.weight.dtype
-        cos, sin = cache.rotary(self.body.rotary_emb, torch.empty(0, dtype=dtype), start + n)
-        cache.reserve(B, self.fused_sizes[1] // att.head_dim, n, att.head_dim, dtype,
-                      ids.device)
-        f, logits = fn(ids, feats, self.body.embed_tokens.weight, lin, norms, eps,
-                       cos[start:start + n], sin[start:start + n], cache.k, cache.v, start,
-                       self.fused_sizes, att.head_dim, float(att.scaling),
-                       float(self.logit_scale))
-        cache.length = start + n
-        return f, logits
 
     def own_state_dict(self) -> dict[str, torch.Tensor]:
         """The trained tensors only (``fc`` and the decoder layer)."""
@@ -401,12 +353,8 @@ class FeatureDrafter:
         """Append pairs; return the last position's predicted feature [rows, d] and its
         :meth:`FeatureDraft.head_logits`."""
         t0 = time.perf_counter()
-        native = self.draft.native_step(ids, feats, self.cache)
-        if native is not None:
-            f, logits = native[0][:, -1], native[1]
-        else:
-            f = self.draft.features(ids, feats, self.cache)[:, -1]
-            logits = self.draft.head_logits(f)
+        f = self.draft.features(ids, feats, self.cache)[:, -1]
+        logits = self.draft.head_logits(f)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         return f, logits

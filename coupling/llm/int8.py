@@ -3,11 +3,9 @@
 ``Int8Linear`` stores ``W ~ diag(s) Wq`` with one scale per output row (``s_r = max_c |W_rc| /
 127``, ``Wq = round(W / s)``, symmetric) and multiplies activations in the model's dtype by it.
 Why: at batch 1 a decoding or draft step is bound by streaming its weights from memory, so
-halving the bytes nearly halves the step. The layer's product is whichever of three paths is
+halving the bytes nearly halves the step. The layer's product is whichever of two paths is
 known to be right on this machine, each on the same int8 weights:
 
-* ``"compiled"``: :mod:`coupling.llm.accel`'s ``int8_mm`` (float32 sums; a row's result does not
-  depend on the other rows of its call);
 * ``"torch"``: torch's ``_weight_int8pack_mm`` (the kernel gpt-fast uses), kept only where it
   reproduces the dequantised product on a probe at construction (it needs ``in_features`` a
   multiple of 16 and has returned garbage on other shapes);
@@ -22,15 +20,13 @@ from __future__ import annotations
 
 import torch
 
-from . import accel
-
 #: the target quantisations ``coupling demo --target-quant`` takes, with their labels
 TARGET_QUANTS = {"none": "", "int8": "weight-only int8"}
 
 
 class Int8Linear(torch.nn.Module):
     """``y = x W^T + b`` with ``W`` stored weight-only int8 (module docstring); ``kernel``
-    names the product's path: ``"compiled"``, ``"torch"`` or ``"dense"``."""
+    names the product's path: ``"torch"`` or ``"dense"``."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -41,21 +37,13 @@ class Int8Linear(torch.nn.Module):
                              .to(torch.int8).contiguous())
         self.register_buffer("scale", scale.to(weight.dtype))
         self.register_buffer("bias", None if bias is None else bias.detach().clone())
-        # the compiled product reads the same scales in float32; a plain attribute, so that a
-        # dtype cast of the module leaves it alone (on another device forward takes torch's path)
-        self.scale_f32 = self.scale.float().contiguous()
-        self._compiled = self._compiled_product()
-        # the fallback's dequantised weight (a buffer, so that .to(device) moves it too); torch's
-        # kernel is probed only where it will serve (each probe dequantises the whole weight)
-        self.register_buffer("dense", None if self._compiled is not None
-                             or self._torch_kernel_is_right() else self.dequantized(),
-                             persistent=False)
+        # the fallback's dequantised weight (a buffer, so that .to(device) moves it too)
+        self.register_buffer("dense", None if self._torch_kernel_is_right() else
+                             self.dequantized(), persistent=False)
 
     @property
     def kernel(self) -> str:
-        """The product's path on a CPU: ``"compiled"``, ``"torch"`` or ``"dense"``."""
-        if self._compiled is not None:
-            return "compiled"
+        """The product's path: ``"torch"`` or ``"dense"``."""
         return "torch" if self.dense is None else "dense"
 
     @classmethod
@@ -78,14 +66,6 @@ class Int8Linear(torch.nn.Module):
         return bool(torch.isfinite(y).all()) and \
             float((y - ref).norm()) <= 2e-2 * float(ref.norm()) + 1e-6
 
-    def _compiled_product(self):
-        if self.in_features % 16 or self.qweight.device.type != "cpu":
-            return None
-        fn = accel.function("int8_mm")
-        if fn is None or not self._probe(lambda x: fn(x, self.qweight, self.scale_f32)):
-            return None
-        return fn
-
     def _torch_kernel_is_right(self) -> bool:
         if self.in_features % 16 or self.scale.dtype not in (torch.bfloat16, torch.float16,
                                                              torch.float32):
@@ -96,9 +76,7 @@ class Int8Linear(torch.nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).to(self.scale.dtype)
-        if self._compiled is not None and x2.is_cpu:
-            y = self._compiled(x2, self.qweight, self.scale_f32)
-        elif self.dense is None:
+        if self.dense is None:
             y = torch.ops.aten._weight_int8pack_mm(x2.contiguous(), self.qweight, self.scale)
         else:
             y = torch.nn.functional.linear(x2, self.dense)

@@ -4,24 +4,19 @@ What
 ----
 A C++ extension of torch built from ``csrc/``, one concern per file:
 
-* ``int8_mm.cpp``: the weight-only int8 product of :class:`coupling.llm.int8.Int8Linear` for a
-  few rows, a row's result independent of the other rows of its call;
-* ``feature_step.cpp``: the int8 feature draft's whole step in one call
-  (:meth:`coupling.llm.feature_draft.FeatureDraft.native_step`);
-* ``top_k_law.cpp``: the top-k / top-p law of logit rows (:func:`coupling.llm.sampling.probs`);
-* ``inverse_cdf.cpp``: the inverse-CDF draws (:func:`coupling.llm.sampling.sample_rows`);
-* ``union_support.cpp``: the union support of a rule's laws
-  (:func:`coupling.llm.rules_adapter.checked_support`).
+* ``top_k_law.cpp``: the top-k / top-p law of logit rows (:func:`coupling.llm.sampling.probs`,
+  for target and drafts alike), the same kept set and the same law to float32 rounding;
+* ``inverse_cdf.cpp``: the inverse-CDF draws (:func:`coupling.llm.sampling.sample_rows`), bit
+  for bit the torch draws.
 
 Callers ask :func:`function` for a path by name and run their torch code where it returns
-None; each compiled path computes what its torch counterpart does (bit for bit, or to float32
-rounding where the tests say so), so the choice moves time, never a law.
+None, so the choice moves time, never a law.
 
 Why these paths
 ---------------
 A path is here only while it changes the default demo's best-rule tokens/s by at least 3%,
-measured with and without it in one process (``python benchmarks/bench_accel.py``; the ratios
-are in ``docs/RESULTS.md``).
+measured with and without it in one process (``python benchmarks/bench_accel.py --threads
+1``; the ratios, and those of the paths that did not pass, are in ``docs/RESULTS.md``).
 
 When
 ----
@@ -52,7 +47,7 @@ import torch
 ENV = "COUPLING_ACCEL"
 CHOICES = ("auto", "off")
 #: the compiled paths, by the name callers ask :func:`function` for
-NAMES = ("int8_mm", "feature_step", "top_k_law", "inverse_cdf", "union_support")
+NAMES = ("top_k_law", "inverse_cdf")
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = tuple(CSRC / f"{name}.cpp" for name in NAMES) + (CSRC / "bindings.cpp",)
 HEADERS = (CSRC / "accel.h",)
@@ -93,10 +88,8 @@ def status() -> str:
 @contextlib.contextmanager
 def disabled(*names: str) -> Iterator[None]:
     """Inside the block, :func:`function` returns None for ``names`` (none named: nothing
-    changes; ``disabled(*NAMES)`` switches every path off). Modules pick their path when they
-    are built (:class:`~coupling.llm.int8.Int8Linear`,
-    :meth:`~coupling.llm.feature_draft.FeatureDraft.quantize_int8`) or at each call (the
-    sampling laws), so a model built inside the block keeps the torch path after it."""
+    changes; ``disabled(*NAMES)`` switches every path off). Callers ask for a path at each
+    call, so the block decides every call made inside it."""
     bad = [n for n in names if n not in NAMES]
     if bad:
         raise ValueError(f"no compiled path {bad}; choose among {', '.join(NAMES)}")
