@@ -4,14 +4,17 @@ default demo's best rules, in one process.
 
 A compiled path keeps its place only if it changes the default demo's best-rule tokens/s by at
 least 3% (``--keep``). This script measures that: the demo's models, settings and prompts
-(``coupling demo``'s defaults: 8 prompts x 96 new tokens, seed = prompt index, the same
-generation calls through :func:`coupling.llm.demo.run_method`), run under several *arms*, each
-with its own copy of the models built and run inside ``accel.disabled(...)``:
+(``coupling demo``'s defaults: 8 prompts x 96 new tokens, the same generation calls through
+:func:`coupling.llm.demo.run_method`), run under several *arms*, each with its own copy of the
+models built and run inside ``accel.disabled(...)``:
 
 * ``all``: every compiled path serves;
-* ``-P`` for each path P: every path but P.
+* ``-P`` for each path P: every path but P;
+* ``none``: torch everywhere (what ``COUPLING_ACCEL=off`` runs), for the paths' joint effect.
 
-For each round (``--rounds``) and prompt, every (arm, method) runs once, the arms' order
+For each round (``--rounds``) and prompt, every (arm, method) runs once with the same seed
+(round r, prompt i: seed 1000 r + i, so round 0 samples the demo's own text and later rounds
+other text, which a path that rounds differently would otherwise tilt), the arms' order
 rotated from prompt to prompt and round to round, so a machine that speeds up or slows down
 hits every arm alike; the totals pool all rounds. Generations run without the demo's per-step
 analysis (it is not timed there either), and are timed twice: wall clock (the demo's
@@ -44,7 +47,7 @@ BEST = "token_feature,rrs_wor_k2_feature"
 
 def arms(names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
     """Arm label -> the paths it switches off."""
-    return {"all": (), **{f"-{name}": (name,) for name in names}}
+    return {"all": (), **{f"-{name}": (name,) for name in names}, "none": names}
 
 
 def ratios(best: dict[str, float], names: tuple[str, ...]) -> dict[str, tuple[float, str, str]]:
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
             shift = (r * len(prompts) + i) % len(order)
             for arm in order[shift:] + order[:shift]:
                 for m in methods:
-                    res, cpu = one(arm, m, prompt, i, args.max_new_tokens)
+                    res, cpu = one(arm, m, prompt, 1000 * r + i, args.max_new_tokens)
                     for t in (tot[(arm, m.label)], rounds[-1][(arm, m.label)]):
                         t[0] += len(res.tokens)
                         t[1] += res.seconds
@@ -140,6 +143,9 @@ def report(tot, rounds, plan, methods, names, keep: float) -> None:
             each = " ".join(f"{r[name][0]:.3f}" for r in per_round)
             print(f"{name:14s} {ratio:6.3f}  ({with_arm} {best[with_arm]:.2f} / {without} "
                   f"{best[without]:.2f}; rounds {each})  {verdict}")
+        each = " ".join(f"{b['all'] / b['none']:.3f}" for b in
+                        (best_rates(t, plan, methods, clock) for t in rounds))
+        print(f"{'all paths':14s} {best['all'] / best['none']:6.3f}  (all / none; rounds {each})")
 
 
 if __name__ == "__main__":
