@@ -1,7 +1,7 @@
 """The loop and the table the same-process A/B benchmarks share (``bench_draft_ab.py``,
-``bench_tree.py``, ``bench_attention.py``), and the synthetic laws of the verification-call
-timings (``bench_decide.py``, ``bench_kseq_rho.py``); not a benchmark itself (``run_all.py`` runs
-``bench_*.py`` only).
+``bench_gamma.py``, ``bench_tree.py``), the synthetic laws of the verification-call timings
+(``bench_decide.py``, ``bench_cut_plan.py``) and the real target's step timed in the same
+process; not a benchmark itself (``run_all.py`` runs ``bench_*.py`` only).
 
 For each prompt (seed = its index): plain autoregressive sampling, then every group of
 methods, the groups' order rotated by one from prompt to prompt so that a machine that speeds
@@ -83,8 +83,8 @@ def seeded_passes(target, prompts: Sequence[list[int]], groups: Sequence[Sequenc
     """:func:`rotated_runs` once per base seed in ``seeds`` (prompt i runs with seed base + i),
     each pass printed under ``header(base)``, then, for two or more passes, their pooled
     totals (returned). One pass moves by a few percent with its sampled text (block
-    efficiency 1.41-1.47 from pass to pass for one rule and draft, ``docs/RESULTS.md`` stop
-    28), so comparisons that need 2% pool passes."""
+    efficiency 1.41-1.47 from pass to pass for one rule and draft), so comparisons that need
+    2% pool passes."""
     pooled: dict[str, list[float]] = {}
     for base in seeds:
         tot = rotated_runs(target, prompts, groups, seed=base, **run_kw)
@@ -110,24 +110,17 @@ def print_table(tot: dict[str, list[float]], label: str, width: int) -> None:
               f"{1e3 * ts / c:14.1f} {1e3 * ds / c:13.2f} {1e3 * (s - ts - ds) / c:13.2f}")
 
 
-def int8_target(kernel: str, activations: str = "float"):
-    """The bf16 target with weight-only int8 layers built on ``kernel`` (``"torch"`` or
-    ``"avx2"``, :mod:`coupling.llm.int8_kernel`), their inputs as they are (``"float"``) or
-    rounded to int16 per row (``"int16"``: the ``w8a16`` target). The setting is read as each
-    layer is built, so it is set here, before. Check ``target.lm_head.kernel``: ``"avx2"`` may
-    be unavailable."""
-    import os
+def int8_target():
+    """The bf16 target with weight-only int8 projections and head (``int8.quantize_target``)."""
+    from coupling.llm import int8, models
 
-    from coupling.llm import int8_kernel, models
-
-    os.environ[int8_kernel.ENV] = kernel
-    return models.quantize_target_int8(models.load_target("bfloat16"), activations)
+    return int8.quantize_target_int8(models.load_target("bfloat16"))
 
 
 class TargetStep:
     """The real target's step, timed in this process: the denominator of the verification
-    calls' "% of a step", so that both sides see the same machine (on this shared CPU the
-    same call moves by 1.5-4x between phases, and a step cost copied from another run made
+    calls' "% of a step", so that both sides see the same machine (on a shared CPU the same
+    call moves by 1.5-4x between phases, and a step cost copied from another run would make
     percentages meaningless). :meth:`time_ms` runs one forward of ``new`` tokens for
     ``batch`` rows at context ``ctx`` (SmolLM2-135M, bf16 on a CPU as the engine runs it,
     float16 on CUDA) and rolls the cache back: ``batch = 1, new = 1`` is a decoding step,

@@ -12,7 +12,7 @@ from ``q``.
 
 Per law, timed alternately; means over the laws (what a run pays per call) and medians:
 
-* ``stop 29``: what the rule did up to stop 29: ``solve_coupling(..., solver="pot")`` (the tuple
+* ``tuple LP``: ``solve_coupling(..., solver="pot")`` (the tuple
   law enumerated, grouped into sets, POT, the plan split back over the ``U^2`` tuples), then
   the drafted tuple's row;
 * ``whole LP``: ``solve_sets(..., solver="pot")`` on the pair sets, then the drafted set's row
@@ -61,11 +61,12 @@ def real_laws(prompts: int, threads: int):
     from coupling.llm import engine as E
     from coupling.llm import feature_draft as FD
     from coupling.llm import models
+    from coupling.llm.drafts import DRAFT_HEAD_TOKENS
     from coupling.rules import optimal as ref
 
     torch.set_num_threads(threads)
     target = models.load_target("bfloat16")
-    draft = FD.load_feature_draft(target, head_tokens=models.DRAFT_HEAD_TOKENS, int8=True)
+    draft = FD.load_feature_draft(target, head_tokens=DRAFT_HEAD_TOKENS, int8=True)
     tok, cfg, texts = demo_prompts(prompts)
     seen = []
     verify = ref.verify
@@ -108,8 +109,8 @@ def main(argv: list[str] | None = None) -> int:
 
     rng = np.random.default_rng(args.seed)
     print(f"two drafts {'i.i.d.' if rep else 'without replacement'}; ms per law, mean (median)")
-    print(f"{'laws':10s} {'n':>5s} {'support':>9s} {'stop 29':>15s} {'whole LP':>15s} "
-          f"{'cut, one row':>15s} {'vs stop 29':>10s} {'vs LP':>6s} {'cut, whole plan':>16s}")
+    print(f"{'laws':10s} {'n':>5s} {'support':>9s} {'tuple LP':>15s} {'whole LP':>15s} "
+          f"{'cut, one row':>15s} {'vs tuple':>10s} {'vs LP':>6s} {'cut, whole plan':>16s}")
     for name, laws in sources:
         t = collections.defaultdict(list)
         how: collections.Counter = collections.Counter()

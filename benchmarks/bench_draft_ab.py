@@ -6,7 +6,7 @@ For each demo prompt (``coupling/data/prompts.json``, 96 new tokens, the demo's 
 settings, seed = prompt index): plain autoregressive sampling, then token and block
 verification (``--gamma``, default 2) with every variant, int8 weights as the demo runs them
 and each ``--head-tokens`` size of the head's token subset (default the demo's,
-``models.DRAFT_HEAD_TOKENS``). The variants' order rotates from prompt to prompt, so a machine
+``drafts.DRAFT_HEAD_TOKENS``). The variants' order rotates from prompt to prompt, so a machine
 that speeds up or slows down during a prompt does not favour one variant. Printed per variant
 and rule: block efficiency (tokens per target call), tokens/s and the ratio to autoregressive,
 and per step
@@ -19,7 +19,7 @@ Usage::
     python benchmarks/bench_draft_ab.py --scales stored --head-tokens 8192,4096 --gamma 1 \
         --rules token --target-quant int8 --threads 2
     python benchmarks/bench_draft_ab.py --weights A.safetensors --weights B.safetensors \
-        --scales stored --rules block --draft-confidence 0.8 --target-quant w8a16 \
+        --scales stored --rules block --draft-confidence 0.8 --target-quant int8 \
         --threads 2 --prompts 12 --max-new-tokens 128 --seeds 0,1000
 """
 
@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from coupling.llm import engine as E
     from coupling.llm import models
+    from coupling.llm.drafts import DRAFT_HEAD_TOKENS
     from coupling.llm.feature_draft import FEATURE_DRAFT_WEIGHTS, FeatureDrafter, load_feature_draft
+    from coupling.llm.int8 import TARGET_QUANTS, quantize_target
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--weights", type=Path, action="append", default=[],
@@ -49,12 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rules", type=str, default="token,block")
     ap.add_argument("--head-tokens", type=str, default=None,
                     help="comma-separated sizes of the draft head's token subset "
-                         "(default models.DRAFT_HEAD_TOKENS)")
+                         "(default drafts.DRAFT_HEAD_TOKENS)")
     ap.add_argument("--gamma", type=int, default=2)
     ap.add_argument("--draft-confidence", type=float, default=None,
                     help="gate the gamma-th drafted token (generate(draft_confidence=c)); the "
                          "demo's is 0.8")
-    ap.add_argument("--target-quant", choices=("none", *models.TARGET_QUANTS), default="none")
+    ap.add_argument("--target-quant", choices=tuple(TARGET_QUANTS), default="none")
     ap.add_argument("--seeds", type=str, default="0",
                     help="comma-separated base seeds (prompt i runs with seed base + i): a "
                          "table per pass and one pooled over all of them")
@@ -67,11 +69,11 @@ def main(argv: list[str] | None = None) -> int:
     variants = {}
     for path in args.weights or [FEATURE_DRAFT_WEIGHTS]:
         for s in args.scales.split(","):
-            for h in map(int, (args.head_tokens or str(models.DRAFT_HEAD_TOKENS)).split(",")):
+            for h in map(int, (args.head_tokens or str(DRAFT_HEAD_TOKENS)).split(",")):
                 scale = None if s == "stored" else float(s)
                 d = load_feature_draft(target, path, head_tokens=h, int8=True, logit_scale=scale)
                 variants[f"{path.name} s={d.logit_scale:g} head={h}"] = d
-    models.quantize_target(target, args.target_quant)   # after the drafts took what they share
+    quantize_target(target, args.target_quant)   # after the drafts took what they share
     rules = args.rules.split(",")
     groups = [[(f"{name} {rule}",
                 lambda p, kw, d=variants[name], rule=rule: E.generate(

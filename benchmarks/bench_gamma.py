@@ -12,7 +12,7 @@ best gamma is where the two meet, and it moves from machine to machine; Leviatha
 For each demo prompt (``coupling/data/prompts.json``, 96 new tokens, the demo's sampling
 settings, seed = prompt index): plain autoregressive sampling, then every (gamma, rule), their
 order rotated from prompt to prompt. The feature draft runs as the demo runs it (int8,
-the head subset ``models.DRAFT_HEAD_TOKENS``, its calibrated logit scale); ``--target-quant
+the head subset ``drafts.DRAFT_HEAD_TOKENS``, its calibrated logit scale); ``--target-quant
 int8`` quantizes the target after the draft took its shared tensors, as ``coupling demo
 --target-quant int8`` does.
 
@@ -20,10 +20,7 @@ int8`` quantizes the target after the draft took its shared tensors, as ``coupli
 verified as one row with tree attention, as the demo runs them), so the single- and multi-draft
 rules can be compared at one gamma in one process. ``--predict on`` runs the engine as ``coupling
 demo`` does, with the coupling analysis after every step (its time is excluded from the timing,
-but it runs between the calls); ``both`` runs each method both ways. ``--native-laws both`` runs
-every method, autoregressive sampling included, also with the Python sampling laws
-(``sampling.native_laws(False)``), so the compiled laws' effect on each is measured in one
-process.
+but it runs between the calls); ``both`` runs each method both ways.
 
 Usage::
 
@@ -32,20 +29,14 @@ Usage::
     python benchmarks/bench_gamma.py --target-quant int8 --threads 2 --gammas 1 \
         --rules block,rrs:2,optimal_wor:2,rrs:4
     python benchmarks/bench_gamma.py --target-quant int8 --threads 2 --gammas 2@0.8 \
-        --rules token,block --native-laws both
-    python benchmarks/bench_gamma.py --target-quant int8 --threads 2 --gammas 2@0.8 \
         --rules block --dtypes bfloat16,float32
+    python benchmarks/bench_gamma.py --target-quant none,int8 --threads 2 --gammas 2,2@0.8 \
+        --rules block --seeds 0,1000,2000,3000
 
 ``--dtypes bfloat16,float32`` runs every method, autoregressive sampling included, with the
-target's (and its draft's) activations in each dtype; the int8 kernel computes in float32
-whatever the activations, so this isolates what the activations' dtype costs around it.
-``--target-quant int8,w8a16`` does the same for two targets: the weight-only int8 target and
-the one whose products round their input rows to int16 (``models.quantize_target_int8(t,
-"int16")``), each method's ratio against the first target's plain sampling, and each target's
-plain sampling timed in the same process::
-
-    python benchmarks/bench_gamma.py --target-quant int8,w8a16 --threads 2 --gammas 2@0.8 \
-        --rules block
+target's (and its draft's) activations in each dtype. ``--target-quant none,int8`` does the
+same for two targets, each method's ratio against the first target's plain sampling, and each
+target's plain sampling timed in the same process.
 """
 
 from __future__ import annotations
@@ -62,8 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     from ab_common import add_run_args, demo_prompts, seeded_passes
 
     from coupling.llm import engine as E
-    from coupling.llm import models, sampling
+    from coupling.llm import models
+    from coupling.llm.drafts import DRAFT_HEAD_TOKENS
     from coupling.llm.feature_draft import FeatureDrafter, load_feature_draft
+    from coupling.llm.int8 import quantize_target, target_quants
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gammas", type=str, default="1,2,3,4",
@@ -75,9 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--predict", choices=("off", "on", "both"), default="off",
                     help="run the engine with the demo's per-step analysis (predict=True)")
     ap.add_argument("--target-quant", type=str, default="none",
-                    help="comma-separated targets among none, int8, w8a16 "
-                         "(models.TARGET_QUANTS): every method for each, ratios against the "
-                         "first one's plain sampling")
+                    help="comma-separated targets among none, int8 (int8.TARGET_QUANTS): "
+                         "every method for each, ratios against the first one's plain sampling")
     ap.add_argument("--dtypes", type=str, default="bfloat16",
                     help="comma-separated activation dtypes of the target (and its draft), "
                          "e.g. bfloat16,float32: every method, autoregressive sampling "
@@ -86,36 +78,22 @@ def main(argv: list[str] | None = None) -> int:
                     help="comma-separated base seeds (prompt i runs with seed base + i): one "
                          "pass over the prompts per base, a table per pass and one pooled over "
                          "all of them")
-    ap.add_argument("--native-laws", choices=("on", "off", "both"), default="on",
-                    help="the compiled sampling laws and draws (sampling.native_laws); both: "
-                         "every method, autoregressive included, also with the Python path")
     add_run_args(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     try:
-        quants = models.target_quants(args.target_quant)
+        quants = target_quants(args.target_quant)
     except ValueError as exc:
         ap.error(str(exc))
     variants = [(dt, q) for dt in args.dtypes.split(",") for q in quants]
     pairs = {}                                   # (dtype, quant) -> (target, its feature draft)
     for dt, q in variants:
         t = models.load_target(dt)
-        d = load_feature_draft(t, head_tokens=models.DRAFT_HEAD_TOKENS, int8=True)
-        pairs[dt, q] = (models.quantize_target(t, q), d)   # after the draft took what it shares
+        d = load_feature_draft(t, head_tokens=DRAFT_HEAD_TOKENS, int8=True)
+        pairs[dt, q] = (quantize_target(t, q), d)   # after the draft took what it shares
     target, draft = pairs[variants[0]]
     tok, cfg, prompts = demo_prompts(args.prompts)
-    sampling.native_laws(args.native_laws != "off")
-
-    def with_laws(on: bool, run):
-        def go(p, kw):
-            before = sampling.native_laws()
-            sampling.native_laws(on)
-            try:
-                return run(p, kw)
-            finally:
-                sampling.native_laws(before)
-        return go
 
     def method(rule: str, k: int, gamma: int, conf: float | None, predict: bool, v):
         t, d = pairs[v]
@@ -146,22 +124,16 @@ def main(argv: list[str] | None = None) -> int:
     groups += [[(f"autoregressive {tag(v)}".rstrip(),
                  lambda p, kw, t=pairs[v][0]: E.autoregressive(t, p, **kw))]
                for v in variants[1:]]
-    if args.native_laws == "both":
-        groups = [[(f"{name} python-laws", with_laws(False, run))]
-                  for grp in groups for name, run in grp] + groups + [
-            [("autoregressive python-laws",
-              with_laws(False, lambda p, kw: E.autoregressive(target, p, **kw)))]]
     width = max(16, *(len(name) for grp in groups for name, _ in grp))
     seeded_passes(
         target, prompts, groups, seeds=[int(s) for s in args.seeds.split(",")],
         label="method", width=width, cfg=cfg, max_new_tokens=args.max_new_tokens,
         eos_token_id=tok.eos_token_id,
         header=lambda base: (
-            f"feature draft (int8, {models.DRAFT_HEAD_TOKENS}-token head, "
+            f"feature draft (int8, {DRAFT_HEAD_TOKENS}-token head, "
             f"s = {draft.logit_scale:g}), targets {', '.join(' '.join(v) for v in variants)} "
             f"(first: the baseline), {len(prompts)} prompts x {args.max_new_tokens} tokens, "
-            f"seeds {base}..{base + len(prompts) - 1}, {args.threads} thread(s), native laws "
-            f"{args.native_laws}"))
+            f"seeds {base}..{base + len(prompts) - 1}, {args.threads} thread(s)"))
     return 0
 
 

@@ -16,7 +16,7 @@ the ratio to the baseline, the mean accepted length of the timed instance (early
 makes a call cheaper when it stops early), and, for B = 1, the cost as a fraction of one
 decoding step of the real target (SmolLM2-135M, bf16, one token at context 100), timed in
 this process just before and after the row's kernel calls (``ab_common.TargetStep``): on
-this shared CPU both move by 1.5-4x between phases, so a step cost from another run would
+a shared CPU both move by 1.5-4x between phases, so a step cost from another run would
 make the percentage meaningless (``--target-ms`` fixes it instead). Rules that cannot run a
 configuration say why (token/block are single-branch; optimal has no exact sampler for
 k >= 2 at this vocabulary and raises ValueError).

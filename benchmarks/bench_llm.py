@@ -44,15 +44,16 @@ def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9,
     import torch
     from ab_common import TargetStep
 
+    from coupling.llm import drafts, models
     from coupling.llm import feature_draft as FD
-    from coupling.llm import models
+    from coupling.llm.int8 import quantize_target
 
     target = models.load_target(dtype)
-    draft = models.load_draft(target)
-    small = models.load_draft(target, head_tokens=head_tokens) if head_tokens else None
+    draft = drafts.load_draft(target)
+    small = drafts.load_draft(target, head_tokens=head_tokens) if head_tokens else None
     fd = (FD.load_feature_draft(target, head_tokens=head_tokens)
           if FD.FEATURE_DRAFT_WEIGHTS.is_file() else None)
-    models.quantize_target(target, target_quant)   # after the drafts took what they share
+    quantize_target(target, target_quant)   # after the drafts took what they share
     g = torch.Generator().manual_seed(0)
 
     def med(model, B, n):
@@ -68,7 +69,7 @@ def step_costs(dtype: str = "bfloat16", ctx: int = 100, reps: int = 9,
     if small is not None:
         for B in (1, 4):
             out["draft_ms"][f"B{B}_n1 head {head_tokens}"] = med(small, B, 1)
-        models.quantize_draft_int8(small)
+        drafts.quantize_draft_int8(small)
         for B in (1, 4):
             out["draft_ms"][f"B{B}_n1 head {head_tokens} int8"] = med(small, B, 1)
     if fd is not None:
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--skip-costs", action="store_true")
     args, rest = ap.parse_known_args(argv)
 
-    dargs = demo.resolve_auto(demo._parser().parse_args((["--quick"] if args.quick else [])
+    dargs = demo.resolve_auto(demo.build_parser().parse_args((["--quick"] if args.quick else [])
                                                         + rest))
     if dargs.threads:
         import torch
@@ -124,9 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_costs:
         costs = step_costs(dargs.dtype, head_tokens=dargs.draft_head,
                            target_quant=dargs.target_quant)
-        from coupling.llm.models import TARGET_QUANT_LABELS
+        from coupling.llm.int8 import TARGET_QUANTS
 
-        label = TARGET_QUANT_LABELS[dargs.target_quant]
+        label = TARGET_QUANTS[dargs.target_quant]
         quant = f", target {label}" if label else ""
         print(f"step costs (median ms, context 100, {dargs.dtype}{quant}, "
               f"{torch_threads()} threads):")

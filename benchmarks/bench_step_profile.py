@@ -52,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     from coupling.llm import engine as E
     from coupling.llm import feature_draft as FD
     from coupling.llm import models, rules_adapter
+    from coupling.llm.drafts import DRAFT_HEAD_TOKENS
+    from coupling.llm.int8 import TARGET_QUANTS, quantize_target
     from coupling.torch_backend import chain
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -60,18 +62,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gamma", type=int, default=1)
     ap.add_argument("--draft-confidence", type=float, default=None,
                     help="gamma tokens only where the draft's first law peaks at this or more "
-                         "(generate(draft_confidence=); the demo runs --gamma 2 at 0.8)")
-    ap.add_argument("--target-quant", choices=("none", "int8", "w8a16"), default="none")
+                         "(generate(draft_confidence=); the demo gates at 0.8 on the int8 target)")
+    ap.add_argument("--target-quant", choices=tuple(TARGET_QUANTS), default="none")
     ap.add_argument("--head-tokens", type=int, default=None,
-                    help="the feature draft's head subset (default models.DRAFT_HEAD_TOKENS)")
+                    help="the feature draft's head subset (default drafts.DRAFT_HEAD_TOKENS)")
     add_run_args(ap)
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
 
     target = models.load_target("bfloat16")
-    head = models.DRAFT_HEAD_TOKENS if args.head_tokens is None else args.head_tokens
+    head = DRAFT_HEAD_TOKENS if args.head_tokens is None else args.head_tokens
     draft = FD.load_feature_draft(target, head_tokens=head, int8=True)
-    models.quantize_target(target, args.target_quant)
+    quantize_target(target, args.target_quant)
     tok, cfg, prompts = demo_prompts(args.prompts)
     kw = dict(max_new_tokens=args.max_new_tokens, cfg=cfg, eos_token_id=tok.eos_token_id,
               rule=args.rule, gamma=args.gamma, k=args.k, draft_confidence=args.draft_confidence)
@@ -92,9 +94,8 @@ def main(argv: list[str] | None = None) -> int:
             (E, "prefill", "prefill"),
             (FD.FeatureDrafter, "propose", "draft (FeatureDrafter.propose)"),
             (FD.FeatureDrafter, "_feed", "  forward (features + head)"),
-            (FD.FeatureDraft, "native_step", "    one C++ call (native_step)"),
-            (FD.FeatureDraft, "features", "    features (Python path)"),
-            (FD.FeatureDraft, "head_logits", "    head (Python path)"),
+            (FD.FeatureDraft, "features", "    features"),
+            (FD.FeatureDraft, "head_logits", "    head"),
             (FD.FeatureDraft, "law", "  law q"),
             (E, "sample_chain", "  sampling"))
     for owner, name, label in wrapped:
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"rule {args.rule}, k {args.k}, gamma {args.gamma}{gate}, "
           f"feature draft (int8, {head}-token head), "
           f"target bf16{', ' if args.target_quant != 'none' else ''}"
-          f"{models.TARGET_QUANT_LABELS[args.target_quant]}, "
+          f"{TARGET_QUANTS[args.target_quant]}, "
           f"{len(prompts)} prompts x {args.max_new_tokens} tokens, {args.threads} thread(s)")
     print(f"{n} target calls, block efficiency {tot[0] / n:.3f}; per call: "
           f"step {1000 * tot[1] / n:.2f} ms = target {1000 * tot[3] / n:.2f} + draft forward "

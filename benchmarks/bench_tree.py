@@ -6,7 +6,7 @@ single-draft block verification measured in the same process as baselines.
 For each demo prompt (``coupling/data/prompts.json``, 96 new tokens, the demo's sampling
 settings, seed = prompt index): plain autoregressive sampling, block verification, then each
 ``rule:k`` with tree attention and as a batch, all with the shipped feature draft (int8, the
-demo's head subset ``models.DRAFT_HEAD_TOKENS``, its calibrated logit scale) at gamma = 2. The
+demo's head subset ``drafts.DRAFT_HEAD_TOKENS``, its calibrated logit scale) at gamma = 2. The
 methods' order rotates from prompt to prompt. Both layouts run the same rule on the same drafts
 from the same generator; their p differ only by bfloat16 rounding, so their block efficiencies
 agree up to the rare decision that rounding flips, and the time per target call is what the
@@ -33,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from coupling.llm import engine as E
     from coupling.llm import models
+    from coupling.llm.drafts import DRAFT_HEAD_TOKENS
     from coupling.llm.feature_draft import FeatureDrafter, load_feature_draft
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -45,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
 
     target = models.load_target("bfloat16")
     tok, cfg, prompts = demo_prompts(args.prompts)
-    draft = load_feature_draft(target, head_tokens=models.DRAFT_HEAD_TOKENS, int8=True)
+    draft = load_feature_draft(target, head_tokens=DRAFT_HEAD_TOKENS, int8=True)
     def method(rule: str, k: int, tree: bool):
         return lambda p, kw: E.generate(target, FeatureDrafter(draft), p, rule=rule,
                                         gamma=args.gamma, k=k, tree_attention=tree, **kw)
@@ -58,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
                             method(rule, int(k), tree))])
     tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
                        eos_token_id=tok.eos_token_id)
-    print(f"feature draft (int8, {models.DRAFT_HEAD_TOKENS}-token head, "
+    print(f"feature draft (int8, {DRAFT_HEAD_TOKENS}-token head, "
           f"s = {draft.logit_scale:g}), gamma = {args.gamma}, {len(prompts)} prompts x "
           f"{args.max_new_tokens} tokens, {args.threads} thread(s)")
     print_table(tot, "method", 22)

@@ -16,7 +16,7 @@ stored top-K since top-k <= K), and picks the ``s`` of highest overlap at drafte
 where the token rule accepts or rejects most blocks. ``--write`` stores it in the weights file
 (a float64 tensor ``logit_scale``) and the sidecar; loaders apply it from then on.
 
-The draft is evaluated as the demo runs it (``--head-tokens`` ``models.DRAFT_HEAD_TOKENS``,
+The draft is evaluated as the demo runs it (``--head-tokens`` ``drafts.DRAFT_HEAD_TOKENS``,
 weight-only int8 unless ``--draft-quant none``), uncalibrated (``logit_scale=1.0``) whatever
 the file holds.
 
@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 from coupling.llm import calibrate as C
+from coupling.llm import drafts, models
 from coupling.llm import feature_draft as FD
-from coupling.llm import models
 from coupling.llm.sampling import SamplingConfig
 
 # the feature draft's stage-6 training corpora, E and D (its sidecar has the commands that make
@@ -69,7 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--top-k", type=int, default=50)
     ap.add_argument("--top-p", type=float, default=0.95)
-    ap.add_argument("--head-tokens", type=int, default=models.DRAFT_HEAD_TOKENS)
+    ap.add_argument("--head-tokens", type=int, default=drafts.DRAFT_HEAD_TOKENS)
     ap.add_argument("--draft-quant", choices=("int8", "none"), default="int8")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--write", action="store_true", help="store the fitted scale in the weights")
@@ -80,16 +80,16 @@ def main(argv=None) -> int:
 
     target = models.load_target("bfloat16")
     weights = args.weights or (FD.FEATURE_DRAFT_WEIGHTS if args.draft == "feature"
-                               else models.DRAFT_WEIGHTS)
+                               else drafts.DRAFT_WEIGHTS)
     if args.draft == "feature":
         draft = FD.load_feature_draft(target, weights, head_tokens=args.head_tokens,
                                       int8=args.draft_quant == "int8", logit_scale=1.0)
         tokens = draft.head.tokens
     else:
-        draft = models.load_draft(target, weights, head_tokens=args.head_tokens,
+        draft = drafts.load_draft(target, weights, head_tokens=args.head_tokens,
                                   logit_scale=1.0)
         if args.draft_quant == "int8":
-            models.quantize_draft_int8(draft)
+            drafts.quantize_draft_int8(draft)
         tokens = draft.lm_head.tokens
     lookup = C.subset_positions(tokens, target.config.vocab_size)
 
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
     print(f"chosen scale {best:.2f} (best at drafted position 1), "
           f"{(time.perf_counter() - t0) / 60:.1f} min")
     if args.write:
-        models.store_logit_scale(Path(weights), best, {
+        drafts.store_logit_scale(Path(weights), best, {
             "logit_scale": best,
             "calibration_settings": cfg.as_dict(),
             "calibration_positions": int(p.shape[0]),

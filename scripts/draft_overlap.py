@@ -19,15 +19,15 @@ Both drafts run with the calibrated logit scales stored with their weights
 (``scripts/calibrate_draft.py``) unless ``--logit-scale`` overrides them.
 
 ``--head-tokens 2048,4096,8192`` reports each size of the drafts' head subset (the demo runs
-``models.DRAFT_HEAD_TOKENS``) on the same texts.
+``drafts.DRAFT_HEAD_TOKENS``) on the same texts.
 
-``--target-quant int8,w8a16`` quantizes the target (``models.quantize_target``, after its drafts
+``--target-quant none,int8`` quantizes the target (``int8.quantize_target``, after its drafts
 took what they share), one target per entry: the texts are the first one's answers, and every
 target's overlap is reported on those same texts, so two targets are compared without the
 luck of their own sampled answers.
 
 Usage: ``python scripts/draft_overlap.py [--prompts 8] [--tokens 96] [--corpus PATH --n 16]
-[--int8] [--logit-scale 1] [--head-tokens 4096,8192] [--target-quant int8,w8a16]``
+[--int8] [--logit-scale 1] [--head-tokens 4096,8192] [--target-quant none,int8]``
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from coupling.llm import demo, models
+from coupling.llm import demo, drafts, int8, models
 from coupling.llm import engine as E
 from coupling.llm import feature_draft as FD
 from coupling.llm.sampling import SamplingConfig, probs
@@ -88,17 +88,17 @@ def main(argv=None) -> int:
                          "ones (1: uncalibrated)")
     ap.add_argument("--head-tokens", type=str, default=None,
                     help="comma-separated sizes of the drafts' head subsets, each reported "
-                         "(default models.DRAFT_HEAD_TOKENS, the demo's; 0: the full head)")
+                         "(default drafts.DRAFT_HEAD_TOKENS, the demo's; 0: the full head)")
     ap.add_argument("--dtype", type=str, default="bfloat16",
                     help="the target's dtype, which its drafts take too (float32: the feature "
                          "draft then reads float32 features; it was trained on bf16 ones)")
     ap.add_argument("--target-quant", type=str, default="none",
-                    help="comma-separated targets among none, int8, w8a16 "
-                         "(models.quantize_target), each reported on the first one's texts")
+                    help="comma-separated targets among none, int8 (int8.quantize_target), "
+                         "each reported on the first one's texts")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     try:
-        quants = models.target_quants(args.target_quant)
+        quants = int8.target_quants(args.target_quant)
     except ValueError as exc:
         ap.error(str(exc))
     if len(quants) > 1:
@@ -106,16 +106,16 @@ def main(argv=None) -> int:
 
     target = models.load_target(args.dtype)
     tok = models.load_tokenizer()
-    heads = [int(h) for h in (args.head_tokens or str(models.DRAFT_HEAD_TOKENS)).split(",")]
+    heads = [int(h) for h in (args.head_tokens or str(drafts.DRAFT_HEAD_TOKENS)).split(",")]
     # every head's drafts before the target is quantized: build_draft refuses a quantized one
-    drafts = [load_drafts(target, head, args) for head in heads]
-    models.quantize_target(target, quants[0])
-    token_draft, feature_draft = drafts[0]
+    pairs = [load_drafts(target, head, args) for head in heads]
+    int8.quantize_target(target, quants[0])
+    token_draft, feature_draft = pairs[0]
     print(f"logit scales: token-level draft {token_draft.coupling_logit_scale:g}, "
           f"feature draft {feature_draft.logit_scale:g}")
     texts = demo_texts(target, tok, args)
     corpora = [(path, torch.load(path)[: args.n]) for path in args.corpus]
-    for head, (token_draft, feature_draft) in zip(heads, drafts, strict=True):
+    for head, (token_draft, feature_draft) in zip(heads, pairs, strict=True):
         tag = f"head {head or 'full'}: "
         report(tag + "demo prompts", target, token_draft, feature_draft, texts)
         for path, data in corpora:
@@ -127,9 +127,9 @@ def main(argv=None) -> int:
 def load_drafts(target, head: int, args):
     """The token-level and feature drafts of ``target`` with a ``head``-token head subset, int8
     under ``--int8``, at ``--logit-scale`` (default: their calibrated scales)."""
-    token_draft = models.load_draft(target, head_tokens=head, logit_scale=args.logit_scale)
+    token_draft = drafts.load_draft(target, head_tokens=head, logit_scale=args.logit_scale)
     if args.int8:
-        models.quantize_draft_int8(token_draft)
+        drafts.quantize_draft_int8(token_draft)
     feature_draft = FD.load_feature_draft(target, head_tokens=head, int8=args.int8,
                                           logit_scale=args.logit_scale)
     return token_draft, feature_draft
@@ -149,13 +149,13 @@ def demo_texts(target, tok, args) -> list:
 
 def compare_targets(args, quants: list[str]) -> int:
     """Each target of ``quants`` with its own drafts, all on the first target's texts."""
-    head = int((args.head_tokens or str(models.DRAFT_HEAD_TOKENS)).split(",")[0])
+    head = int((args.head_tokens or str(drafts.DRAFT_HEAD_TOKENS)).split(",")[0])
     tok = models.load_tokenizer()
     runs = []
     for q in quants:
         target = models.load_target(args.dtype)
         token_draft, feature_draft = load_drafts(target, head, args)
-        runs.append((q, models.quantize_target(target, q), token_draft, feature_draft))
+        runs.append((q, int8.quantize_target(target, q), token_draft, feature_draft))
     texts = demo_texts(runs[0][1], tok, args)
     for q, target, token_draft, feature_draft in runs:
         report(f"target {q}: demo prompts, {quants[0]}'s answers", target, token_draft,

@@ -41,7 +41,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def main(argv=None) -> int:
     import torch
 
-    from coupling.llm import demo, models
+    from coupling.llm import demo, drafts, models
     from coupling.llm import engine as E
     from coupling.llm.sampling import SamplingConfig
 
@@ -85,7 +85,7 @@ def main(argv=None) -> int:
             drafter = FeatureDrafter(fd)
             out_path = args.out or models.DATA_DIR / "traces_smollm2_feature.npz"
         else:
-            d = models.load_draft(target, logit_scale=args.draft_logit_scale)
+            d = drafts.load_draft(target, logit_scale=args.draft_logit_scale)
             args.draft_logit_scale = d.coupling_logit_scale
             drafter = E.ModelDrafter(d)
             out_path = args.out or models.DATA_DIR / "traces_smollm2.npz"

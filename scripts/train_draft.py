@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from coupling.llm import models
+from coupling.llm import drafts, models
 
 TOPICS = [
     "photosynthesis", "the French Revolution", "black holes", "machine learning", "the water cycle",
@@ -67,10 +67,10 @@ CODE_TASKS = [
 # Everyday chat requests of many kinds, for a draft that must generalise to unseen requests:
 # (template, slot values). They share request kinds with the demo prompts
 # (coupling/data/prompts.json: recipes, emails, advice, explanations, stories, code) but no
-# prompt and no subject; diverse_prompts checks the prompts. One template wording slipped
-# through: "Summarize the causes of the Great Depression." opens like the demo's "Summarize
-# the causes of the First World War." (kept: the shipped feature draft was trained on it;
-# tests/test_llm.py pins that it is the only one).
+# prompt and no subject; diverse_prompts checks the prompts. One template wording shares an
+# opening: "Summarize the causes of the Great Depression." opens like the demo's "Summarize
+# the causes of the First World War." (kept: the shipped feature draft is trained on it;
+# tests/test_drafts.py pins that it is the only one).
 CHAT_KINDS = [
     ("How do I make {t}? Give the ingredients and the method.", [
         "banana bread", "a tomato pasta sauce", "pancakes", "a lentil curry", "guacamole",
@@ -149,8 +149,8 @@ CHAT_KINDS = [
 ]
 
 
-# A second, disjoint set of request kinds (feature draft, stage 3): no template, prompt or
-# 4-word opening in common with the demo prompts (tests/test_llm.py checks it).
+# A second, disjoint set of request kinds: no template, prompt or 4-word opening in common
+# with the demo prompts (tests/test_drafts.py checks it).
 CHAT_KINDS_2 = [
     ("Describe {t} to someone who has never seen it.", [
         "snow", "the ocean", "a rainforest", "a desert at night", "a busy train station",
@@ -229,8 +229,8 @@ CHAT_KINDS_2 = [
         "a marine biologist"]),
 ]
 
-# A third set (feature draft, stage 4): 22 more kinds, again sharing no template, prompt or
-# 4-word opening with the demo prompts or the first two sets (tests/test_llm.py pins it).
+# A third set: 22 more kinds, again sharing no template, prompt or 4-word opening with the
+# demo prompts or the first two sets (tests/test_drafts.py pins it).
 CHAT_KINDS_3 = [
     ("Can you explain how {t} works, in plain words?", [
         "a vaccine", "a solar panel", "a microwave oven", "a bicycle gear", "an electric car",
@@ -450,7 +450,7 @@ def head_ranking(data, vocab_size: int, n: int = 16384) -> torch.Tensor:
     """Tokens ranked by total target probability over the corpus positions (top-K rows).
 
     Used to restrict the draft's LM head to the tokens that carry the target's mass
-    (:class:`coupling.llm.models.SubsetHead`); the first ``n`` are kept.
+    (:class:`coupling.llm.heads.SubsetHead`); the first ``n`` are kept.
     """
     mass = torch.zeros(vocab_size, dtype=torch.float64)
     for s in data:
@@ -521,7 +521,7 @@ def main(argv=None) -> int:
                     help="torch threads (1 avoids OpenMP stalls on a loaded shared machine)")
     ap.add_argument("--corpus", type=Path, default=models.cache_dir() / "draft_corpus.pt",
                     help="cached corpus (regenerated if missing)")
-    ap.add_argument("--out", type=Path, default=models.DRAFT_WEIGHTS)
+    ap.add_argument("--out", type=Path, default=drafts.DRAFT_WEIGHTS)
     args = ap.parse_args(argv)
 
     t_start = time.perf_counter()
@@ -550,13 +550,13 @@ def main(argv=None) -> int:
     if args.rank_only:
         if args.resume is None:
             raise ValueError("--rank-only needs --resume PATH")
-        draft = models.load_draft(target, args.resume, logit_scale=1.0)
+        draft = drafts.load_draft(target, args.resume, logit_scale=1.0)
         from safetensors import safe_open
 
         with safe_open(str(args.resume), framework="pt") as f:
             meta = {k: v for k, v in f.metadata().items() if k != "spec"}
         meta["shared_layers"] = draft.coupling_spec.shared_layers
-        models.save_draft(draft, draft.coupling_spec, args.out, meta, head_tokens=ranking)
+        drafts.save_draft(draft, draft.coupling_spec, args.out, meta, head_tokens=ranking)
         print(f"wrote {args.out} with head ranking")
         return 0
 
@@ -564,12 +564,12 @@ def main(argv=None) -> int:
     init = n_shared if args.init_layer is None else args.init_layer
     if args.resume is not None:
         # trained uncalibrated: retraining invalidates a calibrated scale (calibrate_draft.py)
-        draft = models.load_draft(target, args.resume, logit_scale=1.0)
+        draft = drafts.load_draft(target, args.resume, logit_scale=1.0)
         spec = draft.coupling_spec
         n_shared = spec.shared_layers
     else:
-        spec = models.DraftSpec(1, (init,), shared_layers=n_shared)
-        draft = models.build_draft(target, spec)
+        spec = drafts.DraftSpec(1, (init,), shared_layers=n_shared)
+        draft = drafts.build_draft(target, spec)
     # Train the own layer in float32; shared tensors and layers stay frozen bf16.
     own_layers = draft.model.layers[n_shared:]
     own_layers.float()
@@ -616,7 +616,7 @@ def main(argv=None) -> int:
             "minutes_total": round((time.perf_counter() - t_start) / 60, 1),
             "command": "python scripts/train_draft.py "
             + " ".join(sys.argv[1:] if argv is None else argv)}
-    path = models.save_draft(draft, spec, args.out, meta, head_tokens=ranking)
+    path = drafts.save_draft(draft, spec, args.out, meta, head_tokens=ranking)
     print(f"wrote {path} ({path.stat().st_size / 1e6:.1f} MB); meta {json.dumps(meta)}")
     return 0
 

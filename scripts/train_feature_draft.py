@@ -21,19 +21,19 @@ Method
    ``--head-tokens`` tokens with most target mass, as at run time), plus ``--reg`` times a
    smooth-L1 regression of ``f^_i`` on ``f_i``.
    ``--tvd-weight w`` adds ``w * (1 - overlap)`` per pass, with the overlap exact under the demo's
-   sampling settings at logit scale ``--tvd-scale`` (:func:`cfg_overlap`; tried for stage 4, not
-   better than calibrating afterwards, see docs/RESULTS.md).
+   sampling settings at logit scale ``--tvd-scale`` (:func:`cfg_overlap`; the shipped draft is
+   trained without it and calibrated afterwards).
 4. Report: held-out mean sum_x min(p, q) at temperature 1 for drafted positions 1 and 2 (p known
    on its top K, so lower bounds), and exactly under the demo's settings at ``--tvd-scale``,
    before and after. The output is uncalibrated: fit its logit scale afterwards with
    ``scripts/calibrate_draft.py --draft feature --write``.
 
-``--target-quant w8a16`` writes the corpus with the target the demo runs on an AVX2 CPU
-(``models.quantize_target``): its text, its laws and its features, which are what the draft
-reads at run time there.
+``--target-quant int8`` writes the corpus with the int8 target (``int8.quantize_target``): its
+text, its laws and its features, which are what the draft reads at run time with
+``coupling demo --target-quant int8``.
 
 Usage: ``python scripts/train_feature_draft.py [--minutes-train 12] [--n-prompts 960]
-[--prompt-set diverse] [--target-quant w8a16] [--extra-corpus PATH] [--resume WEIGHTS]
+[--prompt-set diverse] [--target-quant int8] [--extra-corpus PATH] [--resume WEIGHTS]
 [--split prompt]``
 """
 
@@ -53,7 +53,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train_draft  # noqa: E402  (corpus prompts and generation, head ranking)
 
-from coupling.llm import calibrate, models  # noqa: E402
+from coupling.llm import calibrate, int8, models  # noqa: E402
 from coupling.llm import feature_draft as FD  # noqa: E402
 from coupling.llm.sampling import SamplingConfig, probs  # noqa: E402
 
@@ -188,9 +188,9 @@ def main(argv=None) -> int:
                     help="corpus prompts: train_draft.corpus_prompts, or .diverse_prompts over "
                          "train_draft.PROMPT_SETS[set] (CHAT_KINDS for diverse, CHAT_KINDS_2 "
                          "for diverse2, ...)")
-    ap.add_argument("--target-quant", choices=("none", *models.TARGET_QUANTS), default="none",
+    ap.add_argument("--target-quant", choices=tuple(int8.TARGET_QUANTS), default="none",
                     help="the target that writes a new corpus (its text, laws and features): "
-                         "bf16 as loaded, or quantized as the demo runs it (models.quantize_"
+                         "bf16 as loaded, or quantized as the demo runs it (int8.quantize_"
                          "target). Training always uses the bf16 target's embeddings, norm and "
                          "head, which the draft shares at run time whatever the target's quant")
     ap.add_argument("--corpus", type=Path, default=None,
@@ -228,7 +228,7 @@ def main(argv=None) -> int:
         # quantize_target swaps the target's projections and head in place, and the draft
         # below starts from its bf16 last layer and shares its bf16 head: quantize a copy
         writer = (target if args.target_quant == "none" else
-                  models.quantize_target(models.load_target("bfloat16"), args.target_quant))
+                  int8.quantize_target(models.load_target("bfloat16"), args.target_quant))
         if args.prompt_set == "templated":
             prompts = train_draft.corpus_prompts(args.n_prompts, args.seed)
         else:

@@ -11,7 +11,7 @@ it. Zhou et al. ("DistillSpec", ICLR 2024) make the general point: a draft shoul
 the decoding strategy the target is sampled with.
 
 The scale belongs to the draft model (it is stored with its weights; see
-:func:`coupling.llm.models.load_draft`, :func:`coupling.llm.feature_draft.load_feature_draft`):
+:func:`coupling.llm.drafts.load_draft`, :func:`coupling.llm.feature_draft.load_feature_draft`):
 the engine still applies the *same* :class:`~coupling.llm.sampling.SamplingConfig` to the
 draft's (scaled) logits and to the target's, and ``q`` handed to a rule is still exactly the law
 the drafts were sampled from. No rule's losslessness depends on ``s``; only acceptance does.

@@ -3,7 +3,7 @@
 Why
 ---
 A token-level draft must guess the target's next-token law from the text alone; the trained
-1-layer draft of :mod:`coupling.llm.models` reaches a mean overlap sum_x min(p, q) of only
+1-layer draft of :mod:`coupling.llm.drafts` reaches a mean overlap sum_x min(p, q) of only
 about 0.25-0.3. The target's own last hidden state already *is* its next-token law (the LM head
 is linear in it), so a draft that predicts the target's next hidden state from the current one
 has a much easier job (Li et al., "EAGLE: Speculative Sampling Requires Rethinking Feature
@@ -26,7 +26,7 @@ target has computed (``f_{i-1}`` for ``i <= L - 1``), samples ``x^_L`` from ``q`
 Only ``fc`` and the layer are trained (``scripts/train_feature_draft.py``) and shipped
 (``coupling/data/feature_draft_smollm2.safetensors``). The draft needs the target's hidden
 states, so it is a drafter of *this engine*; Hugging Face assisted generation cannot run it (its
-fair baseline is the token-level draft, :func:`coupling.llm.models.load_draft`).
+fair baseline is the token-level draft, :func:`coupling.llm.drafts.load_draft`).
 
 Losslessness does not depend on any of this: ``q`` is the law the drafts were sampled from,
 whatever produced it, and every rule verifies against the target's ``p``.
@@ -40,19 +40,10 @@ from pathlib import Path
 
 import torch
 
-from .models import (
-    DATA_DIR,
-    DraftSpec,
-    Int8Linear,
-    SubsetHead,
-    build_draft,
-    head_ranking,
-    quantize_layer_int8,
-    quantize_linears_int8,
-    quantized_head_int8,
-    stored_logit_scale,
-    write_weights,
-)
+from .drafts import DraftSpec, build_draft, head_ranking, stored_logit_scale, write_weights
+from .heads import SubsetHead, quantized_head_int8
+from .int8 import Int8Linear, quantize_layer_int8, quantize_linears_int8
+from .models import DATA_DIR
 from .sampling import SamplingConfig, native_law, probs
 
 FEATURE_DRAFT_WEIGHTS = DATA_DIR / "feature_draft_smollm2.safetensors"
@@ -61,7 +52,7 @@ FEATURE_DRAFT_WEIGHTS = DATA_DIR / "feature_draft_smollm2.safetensors"
 class FeatureDraft(torch.nn.Module):
     """``fc`` + one Llama decoder layer on top of the target's features (see module docstring).
 
-    ``head`` is the target's LM head or a :class:`coupling.llm.models.SubsetHead` of it. The
+    ``head`` is the target's LM head or a :class:`coupling.llm.heads.SubsetHead` of it. The
     target's embeddings, final norm, rotary tables and head are referenced, not copied.
     """
 
@@ -87,12 +78,10 @@ class FeatureDraft(torch.nn.Module):
         self.fused_sizes: list[int] = []
         # calibrated for the sampling settings (coupling.llm.calibrate); 1.0 while training
         self.logit_scale = 1.0
-        # the whole int8 step in one C++ call (native_step), set up by quantize_int8
-        self._native = None
 
     def quantize_int8(self) -> FeatureDraft:
         """Weight-only int8 for ``fc``, the layer and the head (in place; see
-        :class:`coupling.llm.models.Int8Linear`). A shared full head is copied, not modified.
+        :class:`coupling.llm.int8.Int8Linear`). A shared full head is copied, not modified.
         For inference only: the quantized draft has no trainable weights left.
 
         The lean path (:meth:`_features_lean`) also gets the layer's q/k/v projections as one
@@ -110,54 +99,7 @@ class FeatureDraft(torch.nn.Module):
         quantize_linears_int8(self, ("fc",))
         quantize_layer_int8(lay)
         self.head = quantized_head_int8(self.head)
-        self._native = self._native_setup()
         return self
-
-    def _native_setup(self):
-        """(the extension's ``feature_step``, its weight arguments) when every product of the
-        step runs the AVX2 int8 kernel, else None (the step then stays in Python)."""
-        from . import int8_kernel
-
-        head = self.head.int8 if isinstance(self.head, SubsetHead) else self.head
-        lay = self.body.layers[0]
-        lins = (self.fc, *(self.fused or {}).values(), lay.self_attn.o_proj, lay.mlp.down_proj,
-                head) if self.fused is not None else ()
-        if len(lins) != 6 or not all(isinstance(m, Int8Linear) and m.kernel == "avx2"
-                                     for m in lins):
-            return None
-        fn = int8_kernel.feature_step()
-        if fn is None:
-            return None
-        fc, qkv, gate_up, o, down, hd = lins
-        none = torch.empty(0)
-        lin = [t for m in (fc, qkv, o, gate_up, down, hd)
-               for t in (m.qweight, m._scale_f32, m.scale, none if m.bias is None else m.bias)]
-        norms = (lay.input_layernorm, lay.post_attention_layernorm, self.body.norm)
-        return fn, lin, [m.weight for m in norms], [float(m.variance_epsilon) for m in norms]
-
-    def native_step(self, ids: torch.Tensor, feats: torch.Tensor, cache: PairCache
-                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """:meth:`features` on a :class:`PairCache` and :meth:`head_logits` of the last position
-        in one C++ call (``int8_kernel.feature_step``): the same ATen operations in the same
-        order as the Python path, so the same bits (tested), without ~55 Python-dispatched ops
-        (about 0.5 ms a step on the reference CPU). Returns ``(features [B, n, d], logits
-        [B, S])``, or None where it does not apply (no AVX2 kernel, not int8, not on a CPU)."""
-        if self._native is None or not ids.is_cpu:
-            return None
-        fn, lin, norms, eps = self._native
-        att = self.body.layers[0].self_attn
-        B, n = ids.shape
-        start = cache.length
-        dtype = self.body.embed_tokens.weight.dtype
-        cos, sin = cache.rotary(self.body.rotary_emb, torch.empty(0, dtype=dtype), start + n)
-        cache.reserve(B, self.fused_sizes[1] // att.head_dim, n, att.head_dim, dtype,
-                      ids.device)
-        f, logits = fn(ids, feats, self.body.embed_tokens.weight, lin, norms, eps,
-                       cos[start:start + n], sin[start:start + n], cache.k, cache.v, start,
-                       self.fused_sizes, att.head_dim, float(att.scaling),
-                       float(self.logit_scale))
-        cache.length = start + n
-        return f, logits
 
     def own_state_dict(self) -> dict[str, torch.Tensor]:
         """The trained tensors only (``fc`` and the decoder layer)."""
@@ -185,9 +127,8 @@ class FeatureDraft(torch.nn.Module):
 
         The same arithmetic as the Hugging Face layer (RMSNorm in float32, rotary embedding,
         grouped-query attention, SiLU-gated MLP), without its per-call machinery (mask
-        construction, cache objects, kwargs plumbing). On the reference CPU, 200 interleaved
-        draft steps at context 100: 3.1 ms here against 3.6 ms through the Hugging Face body
-        (int8 weights; 5.0 against 5.4 ms in bf16). The rest is reading the weights.
+        construction, cache objects, kwargs plumbing), which a one-token draft step would pay
+        in full on every call; the rest is reading the weights.
         """
         lay = self.body.layers[0]
         att = lay.self_attn
@@ -243,7 +184,7 @@ class FeatureDraft(torch.nn.Module):
         and never enter the top-k), without building and scanning ``V - n`` logits at ``-inf``.
         """
         if isinstance(self.head, SubsetHead):
-            # the extension writes the law straight into its [.., V] place (no to_vocab pass)
+            # the compiled law is written straight into its [.., V] place (no to_vocab pass)
             q = native_law(head_logits, cfg, self.head.tokens, self.head.vocab_size)
             if q is not None:
                 return q
@@ -262,7 +203,7 @@ def load_feature_draft(target, path: Path | None = None, head_tokens: int | None
                        int8: bool = False, logit_scale: float | None = None) -> FeatureDraft:
     """Rebuild a feature draft on ``target`` from ``path`` (default: ``$COUPLING_FEATURE_DRAFT``,
     else the shipped weights); ``head_tokens`` > 0 restricts its head to that many tokens of the
-    file's ranking (as :func:`coupling.llm.models.load_draft`); ``int8`` stores its own weights
+    file's ranking (as :func:`coupling.llm.drafts.load_draft`); ``int8`` stores its own weights
     and head weight-only int8 (:meth:`FeatureDraft.quantize_int8`); ``logit_scale`` ``None``
     takes the file's calibrated scale (1.0 if none), a number overrides it."""
     from safetensors import safe_open
@@ -412,12 +353,8 @@ class FeatureDrafter:
         """Append pairs; return the last position's predicted feature [rows, d] and its
         :meth:`FeatureDraft.head_logits`."""
         t0 = time.perf_counter()
-        native = self.draft.native_step(ids, feats, self.cache)
-        if native is not None:
-            f, logits = native[0][:, -1], native[1]
-        else:
-            f = self.draft.features(ids, feats, self.cache)[:, -1]
-            logits = self.draft.head_logits(f)
+        f = self.draft.features(ids, feats, self.cache)[:, -1]
+        logits = self.draft.head_logits(f)
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         return f, logits

@@ -9,9 +9,9 @@ the law plain sampling would use. Both come from :func:`probs`, with the same se
 computed in float32 from the (bf16) logits. ``temperature == 0`` is rejected: greedy decoding is
 not sampling (use a small temperature instead).
 
-With top-k on, on a CPU where :mod:`coupling.llm.int8_kernel`'s extension loads, the law is
-computed by its ``top_k_law`` in one call per row batch (:func:`native_laws`, :func:`native_law`):
-the same kept set and the same law to float32 rounding, for target and draft alike.
+With top-k on, where :mod:`coupling.llm.accel` serves its ``top_k_law``, the law is computed
+in one compiled call per row batch (:func:`native_law`): the same kept set and the same law to
+float32 rounding, for target and draft alike.
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
+
+from . import accel
 
 
 @dataclass(frozen=True)
@@ -54,9 +56,9 @@ def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     for every caller.
 
     With top-k on, the law lives on the k largest logits (and any tied with the k-th), so it
-    is computed on a window of the largest entries (:func:`_probs_top_k`) and scattered back:
-    0.2 ms instead of 0.6 ms per row at V = 49152 on the reference CPU, with the same kept
-    set, the same softmax terms (up to summation order) and the same nucleus as the full path.
+    is computed on a window of the largest entries (:func:`_probs_top_k`) and scattered back,
+    with the same kept set, the same softmax terms (up to summation order) and the same nucleus
+    as the full path, at a third of its cost per row at V = 49152.
     """
     native = native_law(logits, cfg)
     if native is not None:
@@ -75,34 +77,17 @@ def probs(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
     return pr
 
 
-_NATIVE = {"on": True}
-
-
-def native_laws(enabled: bool | None = None) -> bool:
-    """Whether :func:`probs`, the inverse-CDF draws (:func:`sample_rows`) and the
-    rules' union support (``rules_adapter.support``) may take the compiled path of
-    :mod:`coupling.llm.int8_kernel`'s extension (on by default; it loads where the int8 kernel
-    does: a CPU with AVX2 or AVX-512, ``COUPLING_INT8_KERNEL`` not ``torch``). ``enabled`` sets
-    it (benchmarks' A/B and tests); returns the setting in force."""
-    if enabled is not None:
-        _NATIVE["on"] = bool(enabled)
-    return _NATIVE["on"]
-
-
 def native_function(name: str):
-    """The extension's ``name`` when :func:`native_laws` is on and it loads, else None."""
-    if not _NATIVE["on"]:
-        return None
-    from . import int8_kernel
-
-    return int8_kernel.function(name)
+    """The compiled path ``name`` of :mod:`coupling.llm.accel` where there is one and it
+    serves, else None (the caller runs torch)."""
+    return accel.function(name) if name in accel.NAMES else None
 
 
 def sample_rows(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """One token per row of non-negative ``weights`` [rows, V] for the uniforms ``u`` [rows]:
     :func:`coupling.torch_backend.sample_rows`, bit for bit (the first token whose float64
-    running sum exceeds ``u * total``), by the extension's ``inverse_cdf`` where it applies
-    (float32 CPU rows: one pass per row, ~0.1 instead of ~0.2 ms at V = 49152)."""
+    running sum exceeds ``u * total``), by the compiled ``inverse_cdf`` where it serves
+    (float32 CPU rows)."""
     from coupling.torch_backend import sample_rows as torch_sample_rows
 
     if weights.device.type == "cpu" and weights.dtype == torch.float32 and weights.dim() == 2:
@@ -116,15 +101,15 @@ def sample_rows(weights: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 def native_law(logits: torch.Tensor, cfg: SamplingConfig, columns: torch.Tensor | None = None,
                 vocab: int | None = None) -> torch.Tensor | None:
-    """The top-k (then top-p) law of ``logits`` [.., n] computed by the extension, placed at
+    """The top-k (then top-p) law of ``logits`` [.., n] by the compiled ``top_k_law``, placed at
     ``columns`` (vocabulary ids of the n columns) in a [.., vocab] law when given; None where
     the fast path does not apply (no top-k, a GPU tensor, logits that need a gradient
-    (training), a non-finite logit, no extension).
+    (training), a non-finite logit, no compiled path).
 
     The same kept set as :func:`_probs_top_k` (every entry tied with the k-th value, from the
     same float32 ``logits / temperature``); the softmax and the nucleus's running mass are
-    summed in float64, so the law agrees with the Python path to float32 rounding, and ties
-    straddling the nucleus's cut are broken by column order (the Python path: ``torch.topk``'s
+    summed in float64, so the law agrees with the torch path to float32 rounding, and ties
+    straddling the nucleus's cut are broken by column order (the torch path: ``torch.topk``'s
     order), the same for target and draft.
     """
     n = logits.shape[-1]
@@ -165,7 +150,7 @@ def _probs_top_k(x: torch.Tensor, cfg: SamplingConfig, window: int = 32
 def _top_p(pr: torch.Tensor, top_p: float, head: int = 64) -> torch.Tensor:
     """Nucleus truncation; exact, without sorting the whole vocabulary when possible.
 
-    A full sort of V = 49152 floats costs ~4 ms per row on CPU (more than a draft call), but
+    A full sort of V = 49152 floats costs more per row than a draft call on a CPU, but
     the nucleus is the prefix of the descending order, so when the ``head`` largest entries
     already reach ``top_p`` the cut lies among them (``topk`` returns that prefix in order).
     Rows whose head does not reach ``top_p`` fall back to a full sort.

@@ -3,11 +3,10 @@
 # %% [markdown]
 # # 05 · Every rule on a real small LLM
 #
-# The target is SmolLM2-135M-Instruct (CPU, bf16; on a CPU whose best instruction set is AVX2,
-# the demo's default `--target-quant auto` gives it int8 projections that round their input
-# rows to int16 and sum in integers, `w8a16`, which score a few tokens for about one decoding
-# call there); the draft is the project's 1-layer
-# distilled draft that shares the target's embeddings and head (`coupling.llm.models`).
+# The target is SmolLM2-135M-Instruct (CPU, bf16; `coupling demo --target-quant int8` swaps in
+# a weight-only int8 target for CPUs without native bf16 products, `docs/llm-demo.md`); the
+# draft is the project's 1-layer distilled draft that shares the target's embeddings and head
+# (`coupling.llm.drafts`).
 # The engine (`coupling.llm.engine`) drafts $\gamma$ tokens on $k$ branches, calls the target
 # once on all branches, and lets a batched rule from `coupling.torch_backend` decide.
 #
@@ -112,11 +111,11 @@ plt.show()
 # float32, where those differences are about $10^{-6}$ (as `tests/test_llm_real.py` does).
 
 # %%
-from coupling.llm import engine, models
+from coupling.llm import drafts, engine, models
 from coupling.llm.sampling import SamplingConfig
 
 target = models.load_target("float32")
-draft = models.load_draft(target)
+draft = drafts.load_draft(target)
 tok = models.load_tokenizer()
 prompt_text = demo.load_prompts()[0]
 ids = tok.apply_chat_template([{"role": "user", "content": prompt_text}], tokenize=True,

@@ -1,0 +1,165 @@
+"""What ``coupling demo`` runs: its methods, prompts, command line and resolved settings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+PROMPTS_FILE = Path(__file__).resolve().parent.parent.parent / "data" / "prompts.json"
+#: the first-law peak above which the int8 target's demo drafts a second token (auto_settings)
+INT8_DRAFT_CONFIDENCE = 0.8
+
+
+@dataclass(frozen=True)
+class Method:
+    label: str
+    kind: str          # "ar" | "hf" | "engine"
+    rule: str = ""
+    k: int = 1
+    drafter: str = "trained"
+    replacement: bool = True
+
+
+FULL = [
+    Method("autoregressive", "ar"),
+    Method("hf_assisted", "hf"),
+    Method("token", "engine", "token", 1),
+    Method("block", "engine", "block", 1),
+    Method("kseq_k2", "engine", "kseq", 2),
+    Method("kseq_k4", "engine", "kseq", 4),
+    Method("rrs_k2", "engine", "rrs", 2),
+    Method("rrs_k4", "engine", "rrs", 4),
+    # the exact optimal *sampler* at k = 2 (an LP per call over the laws' support); at k = 4
+    # that LP has U^4 draft tuples (6e7 plan entries on the demo's laws), so the optimum
+    # appears as the kseq / rrs rows' "BE opt" column instead (coupling.llm.predict)
+    Method("optimal_k2", "engine", "optimal", 2),
+    Method("gumbel", "engine", "gumbel", 1),
+    Method("token_ngram", "engine", "token", 1, drafter="ngram"),
+    # feature-level (EAGLE-style) draft: reads the target's hidden states, so HF assisted
+    # generation cannot run it (coupling.llm.feature_draft)
+    Method("token_feature", "engine", "token", 1, drafter="feature"),
+    Method("block_feature", "engine", "block", 1, drafter="feature"),
+    Method("rrs_k2_feature", "engine", "rrs", 2, drafter="feature"),
+    # two *distinct* first tokens (successive sampling), verified by rrs and by the exact
+    # optimum for that draft law
+    Method("rrs_wor_k2_feature", "engine", "rrs_wor", 2, drafter="feature"),
+    Method("optimal_wor_k2_feature", "engine", "optimal_wor", 2, drafter="feature"),
+    Method("gumbel_feature", "engine", "gumbel", 1, drafter="feature"),
+]
+QUICK = ["autoregressive", "hf_assisted", "token", "block", "kseq_k2", "gumbel",
+         "block_feature"]
+
+
+def load_prompts() -> list[str]:
+    return json.loads(PROMPTS_FILE.read_text())["prompts"]
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Refuse settings the run would otherwise replace or trip over late (after the models
+    load, or after the whole run): ValueError naming the option."""
+    n_file = len(load_prompts())
+    counts = (("--prompts", args.prompts, 1, n_file), ("--max-new-tokens", args.max_new_tokens,
+              1, None), ("--gamma", args.gamma, 1, None), ("--threads", args.threads, 1, None))
+    for opt, value, low, high in counts:
+        if value is not None and (value < low or (high is not None and value > high)):
+            span = f"in [{low}, {high}]" if high is not None else f">= {low}"
+            raise ValueError(f"{opt} {value}: must be {span}"
+                             + (f" (the demo has {n_file} prompts)" if opt == "--prompts" else ""))
+    if args.draft_confidence is not None and not 0.0 <= args.draft_confidence <= 1.0:
+        raise ValueError(f"--draft-confidence {args.draft_confidence}: must lie in [0, 1]")
+    if args.draft_head < 0:
+        raise ValueError(f"--draft-head {args.draft_head}: must be >= 0 (0: the full head)")
+    scale = args.draft_logit_scale
+    if scale is not None and not 0.0 < scale < float("inf"):
+        raise ValueError(f"--draft-logit-scale {scale}: must be a finite number > 0 (1 runs the "
+                         "drafts uncalibrated; leave it out for their calibrated scales)")
+    if not -2**63 <= args.seed < 2**63:
+        raise ValueError(f"--seed {args.seed}: must fit in int64")
+    if args.methods is not None and not [m for m in args.methods.split(",") if m.strip()]:
+        raise ValueError("--methods: empty; name at least one method, or leave it out")
+    for opt, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None and Path(path).is_dir():
+            raise ValueError(f"{opt} {path}: is a directory; give a file name")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="coupling demo",
+        description="Speculative sampling on a real LLM, every verification rule side by side.")
+    ap.add_argument("--quick", action="store_true", help="3 prompts, 48 tokens, 7 methods")
+    ap.add_argument("--prompts", type=int, default=None, help="number of prompts (default 8)")
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default 96 (quick: 48)")
+    ap.add_argument("--gamma", type=int, default=None,
+                    help="drafted tokens per step (default 2; see auto_settings)")
+    ap.add_argument("--draft-confidence", type=float, default=None,
+                    help="draft gamma tokens only where the draft's first law peaks at this "
+                         "or more, else one (engine.sample_chain; default with an unset "
+                         f"--gamma: {INT8_DRAFT_CONFIDENCE} on the int8 target, else off)")
+    ap.add_argument("--temperature", type=float, default=0.7)
+    # top-k 50 bounds the support, which lets the exact LP-plan `optimal` sampler run (k = 2)
+    ap.add_argument("--top-k", type=int, default=50)
+    ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--methods", type=str, default=None,
+                    help="comma-separated subset of: " + ",".join(m.label for m in FULL))
+    # drafts.DRAFT_HEAD_TOKENS (not imported here: the parser must not pull in torch)
+    ap.add_argument("--draft-head", type=int, default=4096,
+                    help="restrict the draft's LM head to its n most likely tokens (0: full head)")
+    ap.add_argument("--draft-quant", choices=("int8", "none"), default="int8",
+                    help="both drafts' own weights and head weight-only int8 (a draft step is "
+                         "bound by reading its weights; the target always runs in --dtype)")
+    ap.add_argument("--target-quant", choices=("none", "int8"), default="none",
+                    help="int8: a weight-only int8 target (int8.quantize_target_int8), run by "
+                         "every method alike; for CPUs without native bf16 products, where a "
+                         "bf16 call on a few tokens costs up to twice a one-token call "
+                         "(docs/llm-demo.md)")
+    ap.add_argument("--draft-logit-scale", type=float, default=None,
+                    help="multiply both drafts' logits by this before the sampling transforms "
+                         "(default: the calibrated scale stored with each draft's weights, "
+                         "scripts/calibrate_draft.py; 1 runs them uncalibrated)")
+    ap.add_argument("--multi-draft-layout", choices=("tree", "batch"), default="tree",
+                    help="verify k > 1 branches as one row with tree attention (one call of "
+                         "1 + k * gamma tokens) or as a batch of k rows over a repeated cache")
+    ap.add_argument("--device", type=str, default="cpu")
+    ap.add_argument("--dtype", type=str, default="bfloat16")
+    ap.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    ap.add_argument("--json", type=Path, default=None, help="write results as JSON here")
+    ap.add_argument("--plot", type=Path, default=None, help="write a PNG figure here")
+    ap.add_argument("--no-progress", action="store_true")
+    return ap
+
+
+def auto_settings(target_quant: str, gamma: int | None, draft_confidence: float | None = None
+                  ) -> tuple[int, float | None, list[str]]:
+    """Resolve an unset ``--gamma`` (and with it ``--draft-confidence``) for the target.
+
+    Returns ``(gamma, draft_confidence, why)``, ``why`` one line per setting chosen here. An
+    unset gamma is 2; on the int8 target it is gated at a first-law peak of
+    :data:`INT8_DRAFT_CONFIDENCE` (``engine.sample_chain``'s ``confidence``): where an int8 call
+    prices a second drafted token above what it adds on average, the gate drafts it only where
+    the draft is sure of its first token (``python benchmarks/bench_gamma.py --target-quant
+    int8 --gammas 1,2,2@0.8`` measures the three). Explicit values are kept; an explicit
+    ``gamma`` is not gated unless asked.
+    """
+    why = []
+    if gamma is None:
+        gamma = 2
+        if target_quant == "int8" and draft_confidence is None:
+            draft_confidence = INT8_DRAFT_CONFIDENCE
+            why.append(f"--gamma 2 --draft-confidence {draft_confidence:g}: on the int8 target "
+                       "a second drafted token pays only where the draft's first law peaks "
+                       f"at {draft_confidence:g} or more (benchmarks/bench_gamma.py)")
+        else:
+            why.append("--gamma 2")
+    return gamma, draft_confidence, why
+
+
+def resolve_auto(args: argparse.Namespace) -> argparse.Namespace:
+    """Fill ``args.gamma`` and ``args.draft_confidence`` by :func:`auto_settings` (once); the
+    lines saying why go to ``args.auto``. Returns ``args``."""
+    if not hasattr(args, "auto"):
+        args.gamma, args.draft_confidence, args.auto = auto_settings(
+            args.target_quant, args.gamma, getattr(args, "draft_confidence", None))
+    return args

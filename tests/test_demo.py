@@ -1,0 +1,128 @@
+"""``coupling demo``'s settings, report and bootstrap interval (no model loaded)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+
+def test_speedup_interval_is_exact_where_the_bootstrap_law_is_known():
+    """demo.speedup_interval: prompts that all run r times faster give the point [r, r]; two
+    prompts at speedups 1 and 2 (equal tokens and times) resample to "both 1" and "both 2"
+    with probability 1/4 each, so the central 95% range is exactly [1, 2], and the 50% range
+    lies inside it; the draws are seeded."""
+    from coupling.llm.demo import speedup_interval
+
+    assert speedup_interval([10, 20, 5], [1, 2, 0.5], [10, 20, 5], [2, 4, 1]) == \
+        pytest.approx((2.0, 2.0), abs=1e-12)
+    assert speedup_interval([7], [1.0], [7], [1.5]) == pytest.approx((1.5, 1.5))
+    wide = speedup_interval([10, 10], [1, 1], [10, 10], [1, 2])
+    assert wide == pytest.approx((1.0, 2.0), abs=1e-12)
+    lo, hi = speedup_interval([10, 10], [1, 1], [10, 10], [1, 2], level=0.5)
+    assert 1.0 <= lo <= hi <= 2.0 and hi - lo < 1.0
+    rng = np.random.default_rng(3)
+    t, s, at, as_ = rng.integers(50, 97, 8), rng.uniform(2, 4, 8), np.full(8, 96), \
+        rng.uniform(3, 5, 8)
+    a, b = speedup_interval(t, s, at, as_), speedup_interval(t, s, at, as_)
+    pooled = (t.sum() / s.sum()) / (at.sum() / as_.sum())
+    assert a == b and a[0] < pooled < a[1]
+
+
+@pytest.mark.parametrize("args, kwargs, msg", [
+    (([1, 2], [1, 1], [1], [1]), {}, "one entry per prompt"),
+    (([], [], [], []), {}, "one entry per prompt"),
+    (([1], [0.0], [1], [1]), {}, "seconds finite and > 0"),
+    (([1], [1], [1], [float("nan")]), {}, "finite"),
+    (([-1], [1], [1], [1]), {}, ">= 0"),
+    (([1], [1], [1], [1]), {"level": 1.5}, "level=1.5"),
+    (([1], [1], [1], [1]), {"resamples": 0}, "resamples=0")])
+def test_speedup_interval_refuses_malformed_runs(args, kwargs, msg):
+    from coupling.llm.demo import speedup_interval
+
+    with pytest.raises(ValueError, match=msg):
+        speedup_interval(*args, **kwargs)
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--prompts", "0"], "--prompts 0"), (["--prompts", "1000"], "--prompts 1000"),
+    (["--max-new-tokens", "0"], "--max-new-tokens 0"), (["--gamma", "-3"], "--gamma -3"),
+    (["--threads", "-1"], "--threads -1"), (["--draft-confidence", "1.5"], "--draft-confidence"),
+    (["--seed", str(2**64)], "--seed"), (["--methods", ""], "--methods"),
+    (["--json", "/"], "is a directory"), (["--draft-head", "-5"], "--draft-head -5"),
+    (["--draft-logit-scale", "-1"], "--draft-logit-scale"),
+    (["--draft-logit-scale", "inf"], "--draft-logit-scale"),
+    (["--draft-logit-scale", "nan"], "--draft-logit-scale")])
+def test_demo_refuses_settings_before_loading_models(argv, msg):
+    """Settings the run would otherwise replace (--prompts 0 by 8 prompts, --gamma -3 by plain
+    sampling in the "token" row) or trip over after the whole run (--json on a directory) are
+    refused before any model loads."""
+    from coupling.llm import demo
+
+    with pytest.raises(ValueError, match=msg):
+        demo.check_args(demo.build_parser().parse_args(argv))
+    demo.check_args(demo.build_parser().parse_args([]))        # the defaults pass
+
+
+def test_demo_states_what_parallel_verification_cost():
+    """The demo's line on the price of a verification call: the token rule's call over a
+    decoding call, and the bound BE / c on any rule verifying gamma drafted tokens; it says
+    that no such rule can win when the best BE does not exceed c (the n-gram drafter, whose
+    calls often score fewer tokens, is left out of that claim)."""
+    from coupling.llm.demo import verification_price
+
+    def res(call_ms, bes):
+        rules = {"token": {"target_call_ms": call_ms, "block_efficiency": bes[0],
+                           "drafter": "trained"},
+                 "block_feature": {"target_call_ms": call_ms, "block_efficiency": bes[1],
+                                   "drafter": "feature"},
+                 "token_ngram": {"target_call_ms": 60.0, "block_efficiency": 9.0,
+                                 "drafter": "ngram"}}
+        return {"rules": rules, "autoregressive_target_call_ms": 50.0,
+                "settings": {"gamma": 2}, "models": {"target_quant": quant}}
+
+    quant = "none"
+    cheap = verification_price(res(51.0, (1.3, 1.55)))
+    assert "1.02x a decoding call" in cheap and "none of them" not in cheap
+    assert "--target-quant" not in cheap
+    dear = verification_price(res(88.0, (1.38, 1.55)))
+    assert "1.76x" in dear and "best such BE of this run, 1.55" in dear and "none of them" in dear
+    assert "--target-quant int8" in dear   # the way out on a CPU without native bf16
+    quant = "int8"
+    assert "--target-quant" not in verification_price(res(88.0, (1.38, 1.55)))
+    assert verification_price({"rules": {}, "autoregressive_target_call_ms": 50.0}) is None
+
+
+def test_an_unset_gamma_is_two_and_gated_only_on_the_int8_target(monkeypatch):
+    """An unset ``--gamma``: 2, gated at a first-law peak of ``INT8_DRAFT_CONFIDENCE`` on the
+    int8 target and ungated on the bf16 one; explicit values are kept (an explicit gamma is
+    not gated unless asked) and each choice made here is said. The defaults do not depend on
+    the CPU: torch reporting another instruction set changes nothing."""
+    import torch
+
+    from coupling.llm.demo import INT8_DRAFT_CONFIDENCE, auto_settings, build_parser, resolve_auto
+
+    gamma, conf, why = auto_settings("int8", None)
+    assert (gamma, conf) == (2, INT8_DRAFT_CONFIDENCE) == (2, 0.8)
+    assert len(why) == 1 and "0.8" in why[0]
+    assert auto_settings("none", None) == (2, None, ["--gamma 2"])
+    assert auto_settings("int8", None, 0.5)[:2] == (2, 0.5)
+    assert auto_settings("int8", 3) == (3, None, [])
+    assert auto_settings("none", 2) == (2, None, [])
+    args = build_parser().parse_args(["--target-quant", "none", "--gamma", "4"])
+    assert args.target_quant == "none" and args.gamma == 4
+    resolve_auto(args)
+    assert (args.target_quant, args.gamma, args.draft_confidence, args.auto) == \
+        ("none", 4, None, [])
+    args = build_parser().parse_args(["--gamma", "1", "--draft-confidence", "0.6"])
+    assert resolve_auto(args).draft_confidence == 0.6
+    from coupling.llm import accel
+
+    for capability in (*accel.CAPABILITIES, "DEFAULT"):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda c=capability: c)
+        args = resolve_auto(build_parser().parse_args([]))
+        assert (args.target_quant, args.gamma, args.draft_confidence) == ("none", 2, None)
+        assert args.auto == ["--gamma 2"]
+    args = resolve_auto(build_parser().parse_args(["--target-quant", "int8"]))
+    assert (args.gamma, args.draft_confidence) == (2, 0.8)
+    args.gamma = 5
+    assert resolve_auto(args).gamma == 5                      # resolved once
