@@ -84,6 +84,10 @@ class Rule:
     lossless: ClassVar[bool] = True
     #: whether its output under a fixed seed does not depend on the drafter
     drafter_invariant: ClassVar[bool] = False
+    #: whether :meth:`verify_block` takes the target's shared Gumbel noise of the call's
+    #: positions, ``noise [gamma + 1, V]`` (:func:`coupling.keyed.gumbel_noise`, the noise its
+    #: twin hashes), in place of the coins and draws of :meth:`call_uniforms`
+    shared_noise: ClassVar[bool] = False
     #: ``"token"``: a single-step coupling, lifted to blocks and trees by the walk;
     #: ``"block"``: it judges a drafted block as a whole (no single-step form of its own)
     unit: ClassVar[str] = "token"
