@@ -12,6 +12,8 @@ every rule refuses.
 
 from __future__ import annotations
 
+from inspect import signature
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -77,6 +79,8 @@ def test_every_name_is_its_rule_and_controls_are_labelled_lossy():
     for name, rule in RULES.items():
         assert rule.name == name and get_rule(name) is rule
         assert rule.unit in ("token", "block") and rule.supports(1, True)
+        # the flag callers read to feed verify_block its keyed randomness
+        assert rule.shared_noise == ("noise" in signature(rule.verify_block).parameters), name
         if rule.unit == "token":     # a lossless rule promises p; a lossy one reports its law
             law = rule.output_law(P4, Q4)
             assert abs(law.sum() - 1) < 1e-12

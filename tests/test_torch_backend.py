@@ -28,24 +28,42 @@ from coupling.torch_backend.common import coin_uniforms, sample_uniforms
 from coupling.torch_backend.tree import first_true, verify_tree
 
 from .strategies import distributions
-from .torch_helpers import random_path, random_trees, stack_paths, verdict_rows
+from .torch_helpers import (
+    draft_replacement,
+    own_roots,
+    random_path,
+    random_trees,
+    stack_paths,
+    verdict_rows,
+)
 
 TOKEN, BLOCK = RULES["token"].torch.verify, RULES["block"].torch.verify
 
 
-def _tree_batch(rng: np.random.Generator, B: int, k: int, g: int, V: int, dtype=torch.float64):
-    """``B`` requests of ``k`` branches sharing their first token (a tree), Dirichlet laws."""
+def _tree_batch(rng: np.random.Generator, B: int, k: int, g: int, V: int, dtype=torch.float64,
+                rule: str | None = None):
+    """``B`` requests of ``k`` branches sharing their first token (a tree), Dirichlet laws; for
+    a ``rule`` whose branches are distinct (:func:`_replacement`), first tokens from its own
+    draft law instead."""
     P = torch.tensor(rng.dirichlet(np.full(V, 0.5), size=(B, k, g + 1)), dtype=dtype)
     Q = torch.tensor(rng.dirichlet(np.full(V, 0.5), size=(B, k, g)), dtype=dtype)
     Q[:, 1:, 0], P[:, 1:, :2] = Q[:, :1, 0], P[:, :1, :2]
     X = sample_rows(Q.reshape(-1, V), torch.tensor(rng.random(B * k * g))).reshape(B, k, g)
     X[:, 1:, 0] = X[:, :1, 0]
+    if rule is not None and not _replacement(rule):
+        X = own_roots(rule, X, Q, False, rng)
     return X, P, Q
 
 
 def _k(name: str) -> int:
     """Branches to give a rule's twin in these tests: 2 where the rule takes several drafts."""
     return 1 if RULES[name].max_drafts == 1 else 2
+
+
+def _replacement(name: str) -> bool:
+    """The draft law of the :func:`_k` branches: i.i.d. where the rule takes them, else its own
+    (distinct) law."""
+    return draft_replacement(name, _k(name))
 
 
 # ----------------------------------------------------------------------------- verdict
@@ -76,8 +94,9 @@ def test_dispatcher_reaches_every_twin():
     assert tb.verifiers() == tuple(RULES)
     rng = np.random.default_rng(30)
     for name in RULES:
-        X, P, Q = _tree_batch(rng, 6, _k(name), 3, 7)
-        kw = {"seeds": torch.arange(6), "positions": torch.arange(6) * 10}
+        X, P, Q = _tree_batch(rng, 6, _k(name), 3, 7, rule=name)
+        kw = {"seeds": torch.arange(6), "positions": torch.arange(6) * 10,
+              "replacement": _replacement(name)}
         want = RULES[name].torch.verify(X, P, Q, **kw)
         assert isinstance(want, Verdict)
         for got in (coupling.verify(name, X, P, Q, **kw), tb.verify(name, X, P, Q, **kw)):
@@ -104,12 +123,12 @@ def test_every_twin_takes_laws_that_require_grad(name):
     p = torch.tensor([[[[0, 0.5, 0.5, 0], [0, 0, 0.25, 0.75]],
                        [[0, 0.5, 0.5, 0], [0.5, 0, 0.25, 0.25]]]])
     q = torch.tensor([[[[0, 0.25, 0.75, 0]], [[0, 0.25, 0.75, 0]]]])
-    d = torch.tensor([[[2], [1]]])
+    d = torch.tensor([[[2], [1]]])   # the likeliest token of q and another: any law's draw
     if _k(name) == 1:
         p, q, d = p[:, :1], q[:, :1], d[:, :1]
-    want = coupling.verify(name, d, p, q, seeds=3, positions=5)
-    got = coupling.verify(name, d, p.clone().requires_grad_(), q.clone().requires_grad_(),
-                          seeds=3, positions=5)
+    kw = {"seeds": 3, "positions": 5, "replacement": _replacement(name)}
+    want = coupling.verify(name, d, p, q, **kw)
+    got = coupling.verify(name, d, p.clone().requires_grad_(), q.clone().requires_grad_(), **kw)
     assert all(torch.equal(a, b) for a, b in zip(want, got, strict=True))
 
 
@@ -117,8 +136,10 @@ def test_every_twin_takes_laws_that_require_grad(name):
 def test_every_twin_decides_on_the_float64_values_of_half_precision_laws(name):
     """bfloat16 laws (rows off 1 by up to ~1e-2, hence ``atol``) give the verdict of their
     exact float64 values: no decision is taken in reduced precision."""
-    X, P, Q = _tree_batch(np.random.default_rng(32), 16, _k(name), 3, 6, dtype=torch.bfloat16)
-    kw = {"seeds": torch.arange(16), "positions": 4, "atol": 3e-2}
+    X, P, Q = _tree_batch(np.random.default_rng(32), 16, _k(name), 3, 6, dtype=torch.bfloat16,
+                          rule=name)
+    kw = {"seeds": torch.arange(16), "positions": 4, "atol": 3e-2,
+          "replacement": _replacement(name)}
     half = coupling.verify(name, X, P, Q, **kw)
     full = coupling.verify(name, X, P.double(), Q.double(), **kw)
     assert all(torch.equal(a, b) for a, b in zip(half, full, strict=True))
@@ -126,10 +147,10 @@ def test_every_twin_decides_on_the_float64_values_of_half_precision_laws(name):
 
 @pytest.mark.parametrize("name", list(RULES))
 def test_every_twin_refuses_non_finite_laws(name):
-    X, P, Q = _tree_batch(np.random.default_rng(33), 2, _k(name), 1, 5)
+    X, P, Q = _tree_batch(np.random.default_rng(33), 2, _k(name), 1, 5, rule=name)
     with pytest.raises(ValueError, match="NaN or inf"):
         coupling.verify(name, X, P.index_fill(-1, torch.tensor([0]), float("nan")), Q,
-                        seeds=0, positions=0)
+                        seeds=0, positions=0, replacement=_replacement(name))
 
 
 # ----------------------------------------------------------------------------- validation

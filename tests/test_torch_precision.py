@@ -6,16 +6,19 @@ The twins compute on ``p / sum p`` and ``q / sum q`` per row in float64, as the 
 (:func:`coupling.sequence.models.check_tree`). Shown three ways:
 
 * the issue's example, ``p = (.5, .51)``, ``q = (.5, .49)`` in float16: the first emitted
-  token of 400k keyed calls has the law ``p / sum p`` (chi-square at ``ALPHA``) for every rule;
-  the drafts themselves, which a rule taking the rows as they are emits here (both raw ratios
-  are >= 1, so every draft passes), fail the same test;
+  token of 400k keyed calls has the law ``p / sum p`` (chi-square at ``ALPHA``) for every
+  lossless rule, and a lossy rule's exact output law on the normalised laws
+  (``rule.output_law``); the drafts themselves, which a rule taking the rows as they are
+  emits here (both raw ratios are >= 1, so every draft passes), fail the same test;
 * one coin between the drafted token's ratio on the raw rows and on the normalised laws: the
   twin rejects the draft, as the numpy core does, in every dtype;
-* parity: on trees whose rows are scaled off 1 by up to the dtype's tolerance, each request's
-  verdict (its own keyed uniforms) is the numpy core's, ``RULES[name].verify_block``, on the
-  same half-precision values; and the numpy core on those rows renormalised in float64 is
+* parity: on trees whose rows are scaled off 1 by up to the dtype's tolerance, for every
+  draft law a rule takes (first tokens from ``rule.draw_drafts``), each request's verdict (its
+  own keyed uniforms) is the numpy core's, ``RULES[name].verify_block``, on the same
+  half-precision values; and the numpy core on those rows renormalised in float64 is
   lossless by exact enumeration (``stream_law == target_law``, TV < 1e-12), so the twin's
-  law is the renormalised target's;
+  law is the renormalised target's (a lossy rule's first token has its exact output law
+  ``rule.output_law`` on the renormalised laws);
 * whole streams: batched decoding with float16 tables whose rows are off by 1e-2 emits
   first-3-token strings with the exact law of the renormalised target (chi-square at
   ``ALPHA``).
@@ -33,12 +36,14 @@ import torch
 
 import coupling
 from coupling import keyed
+from coupling.dist import tuple_law
 from coupling.rules import RULES
 
 from .torch_helpers import (
     ALPHA,
     chi2_pvalue,
-    draw_tuples,
+    draft_replacement,
+    own_roots,
     random_trees,
     simulate_stream,
     simulate_tree_stream,
@@ -52,9 +57,33 @@ DTYPES = list(OFF)
 
 
 def _k(name: str, k: int) -> int:
-    """Branches a rule's twin verifies here: one for the single-draft rules but ``gumbel``,
-    whose walk takes any tree."""
-    return 1 if RULES[name].max_drafts == 1 and name != "gumbel" else k
+    """Branches a rule's twin verifies here: at most the rule's ``max_drafts``, but any number
+    for ``gumbel``, whose walk takes any tree."""
+    most = RULES[name].max_drafts
+    return k if most is None or name == "gumbel" else min(k, most)
+
+
+def _law_k(name: str) -> int:
+    """Drafts of a call whose law the rule states: 2, or fewer if it takes fewer."""
+    return min(2, RULES[name].max_drafts or 2)
+
+
+def _draft_tuples(name: str, q: np.ndarray, k: int, replacement: bool, B: int,
+                  seed: int) -> torch.Tensor:
+    """``B`` draft tuples ``[B, k]`` from the rule's own draft law (``rule.draft_law``; a rule
+    that judges blocks draws its branches' first tokens i.i.d. or successively from ``q``)."""
+    rule = RULES[name]
+    tuples, probs = rule.draft_law(q, k, replacement=replacement) if rule.unit == "token" \
+        else tuple_law(q, k, replacement=replacement)
+    return torch.tensor(tuples[np.random.default_rng(seed).choice(len(probs), B, p=probs)])
+
+
+def _trees(rng: np.random.Generator, name: str, n: int, replacement: bool, sizes):
+    """:func:`random_trees` with at most the rule's branches (:func:`_k`) and first tokens from
+    its draft law."""
+    for X, P, Q in random_trees(rng, n, replacement, sizes=sizes):
+        k = _k(name, X.shape[1])
+        yield own_roots(name, X[:, :k], Q[:, :k], replacement, rng), P[:, :k], Q[:, :k]
 
 
 def _off(rng: np.random.Generator, law: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
@@ -66,17 +95,22 @@ def _off(rng: np.random.Generator, law: np.ndarray, dtype: torch.dtype) -> torch
 # ----------------------------------------------------------------------------- the example
 @pytest.mark.parametrize("name", list(RULES))
 def test_issue_example_first_token_law(name):
-    """float16 ``p = (.5, .51)``, ``q = (.5, .49)``, one draft per branch from ``q / sum q``:
-    the first token of 400k calls has the law ``p / sum p``."""
+    """float16 ``p = (.5, .51)``, ``q = (.5, .49)``, one draft per branch from the rule's draft
+    law on ``q / sum q``: the first token of 400k calls has the law ``p / sum p`` (a lossy
+    rule: its exact output law on the normalised laws)."""
+    rule = RULES[name]
     p = torch.tensor([0.5, 0.51], dtype=torch.float16)
     q = torch.tensor([0.5, 0.49], dtype=torch.float16)
     pbar, qbar = (t.double().numpy() / t.double().sum().item() for t in (p, q))
-    B, k = 400_000, _k(name, 2)
-    X = draw_tuples(qbar, k, B, replacement=True, seed=7)[:, :, None]
+    B, k = 400_000, _law_k(name)
+    replacement = draft_replacement(name, k)
+    X = _draft_tuples(name, qbar, k, replacement, B, seed=7)[:, :, None]
     P, Q = p.expand(B, k, 2, 2), q.expand(B, k, 1, 2)
-    ver = RULES[name].torch.verify(X, P, Q, seeds=torch.arange(B), positions=0)
+    ver = rule.torch.verify(X, P, Q, seeds=torch.arange(B), positions=0,
+                            replacement=replacement)
+    want = pbar if rule.lossless else rule.output_law(pbar, qbar, k, replacement=replacement)
     counts = np.bincount(ver.tokens[:, 0].numpy(), minlength=2)
-    assert chi2_pvalue(counts, pbar) > ALPHA
+    assert chi2_pvalue(counts, want) > ALPHA
     # the raw rows' ratios are >= 1: a rule reading them as they are emits the draft, whose
     # law q / sum q is 1% from the target in total variation; the test sees it
     assert chi2_pvalue(np.bincount(X[:, 0, 0].numpy(), minlength=2), pbar) < ALPHA
@@ -111,36 +145,38 @@ def test_a_coin_between_the_raw_and_the_normalised_ratio(name, dtype):
 # ----------------------------------------------------------------------------- parity
 def _core_rows(name: str, X, P, Q, seeds, pos, replacement: bool) -> list[tuple[int, int, int]]:
     """The numpy core on each request, fed the exact float64 values of the half-precision
-    rows (it renormalises them itself) and the request's keyed uniforms or noise; its value
+    rows (it renormalises them itself) and the request's keyed uniforms as the rule's twin
+    draws them (``rule.call_uniforms``), or its shared noise (``rule.shared_noise``); its value
     checks hold float64 rows to 1e-9, so they are left to the twin's (``validate=False``)."""
     core, (B, k, g) = RULES[name], X.shape
     P64, Q64 = P.double().numpy(), Q.double().numpy()
     out = []
     for b in range(B):
         s, t = int(seeds[b]), int(pos[b])
-        if name == "gumbel":
+        if core.shared_noise:
             noise = keyed.gumbel_noise(s, t + np.arange(g + 1), np.arange(P.shape[-1]))
             out.append(tuple(core.verify_block(X[b].numpy(), P64[b], Q64[b], noise,
                                                validate=False)))
         else:
-            coins, u = keyed.call_uniforms(s, t, g, k)
+            coins, u = core.call_uniforms(s, t, g, k)
             out.append(tuple(core.verify_block(X[b].numpy(), P64[b], Q64[b], coins, u,
                                                replacement=replacement, validate=False)))
     return out
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("name, replacement", [(n, True) for n in RULES]
-                         + [("rrs", False), ("optimal", False)])
+@pytest.mark.parametrize("name, replacement", [(n, r) for n, rule in RULES.items()
+                                               for r in (rule.draft_laws if _k(n, 2) > 1
+                                                         else (True,))])
 def test_twin_matches_numpy_core_on_rows_off_by_their_tolerance(name, replacement, dtype):
-    """Trees (k <= 4, gamma <= 4) whose rows sum to 1 only within the dtype's tolerance, each
-    verified under 32 keys: every verdict is the numpy core's on the same values."""
+    """Trees (k <= 4, gamma <= 4) of every draft law the rule takes, whose rows sum to 1 only
+    within the dtype's tolerance, each verified under 32 keys: every verdict is the numpy
+    core's on the same values."""
     rng = np.random.default_rng(90)
     B, n_trees = 32, 6 if name == "optimal" else 20
     deep = 0
-    for X, P, Q in random_trees(rng, n_trees, replacement, sizes=(3, 8, 20)):
-        k = _k(name, X.shape[1])
-        X, P, Q = X[:, :k], P[:, :k], Q[:, :k]
+    for X, P, Q in _trees(rng, name, n_trees, replacement, sizes=(3, 8, 20)):
+        k = X.shape[1]
         # one scaled copy of the laws, shared by the branches (they share the prefixes)
         P = _off(rng, P[0, 0].numpy(), dtype)[None, None].expand(B, k, *P.shape[2:])
         Q = _off(rng, Q[0, 0].numpy(), dtype)[None, None].expand(B, k, *Q.shape[2:])
@@ -173,11 +209,18 @@ def _half_tables(seed: int, dtype=torch.float16):
 @pytest.mark.parametrize("name", list(RULES))
 def test_core_on_renormalised_half_laws_is_lossless(name):
     """The numpy core's exact stream law on the float16 tables' rows divided by their float64
-    sums is those renormalised models' target law (the law the parity above gives the twin)."""
+    sums is those renormalised models' target law (the law the parity above gives the twin);
+    a lossy rule's first token has its exact output law on the renormalised first laws."""
     (_, target), (_, draft) = _half_tables(41)
-    k = 1 if RULES[name].max_drafts == 1 else 2
-    law = coupling.stream_law(name, target, draft, 2, 3, k=k)
-    assert np.abs(law - coupling.target_law(target, 3)).sum() / 2 < 1e-12
+    rule, k = RULES[name], _law_k(name)
+    replacement = draft_replacement(name, k)
+    law = coupling.stream_law(name, target, draft, 2, 3, k=k, replacement=replacement)
+    if rule.lossless:
+        assert np.abs(law - coupling.target_law(target, 3)).sum() / 2 < 1e-12
+    else:
+        first = law.reshape(4, -1).sum(1)
+        want = rule.output_law(target(()), draft(()), k, replacement=replacement)
+        assert np.abs(first - want).sum() / 2 < 1e-12
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
@@ -186,15 +229,15 @@ def test_cuda_matches_cpu_on_half_precision_laws(name):
     """bfloat16 trees with rows off by 1e-2 (the engine's dtype on a GPU): the same verdicts on
     CUDA as on the CPU."""
     rng = np.random.default_rng(91)
-    for X, P, Q in random_trees(rng, 10, True, sizes=(8, 40)):
-        k, B = _k(name, X.shape[1]), 16
+    replacement = draft_replacement(name, 2)
+    for X, P, Q in _trees(rng, name, 10, replacement, sizes=(8, 40)):
+        k, B = X.shape[1], 16
         P = _off(rng, P[0, 0].numpy(), torch.bfloat16)[None, None].expand(B, k, *P.shape[2:])
         Q = _off(rng, Q[0, 0].numpy(), torch.bfloat16)[None, None].expand(B, k, *Q.shape[2:])
-        X = X[:, :k].expand(B, k, X.shape[2])
-        seeds = torch.arange(B)
-        cpu = RULES[name].torch.verify(X, P, Q, seeds=seeds, positions=7)
-        gpu = RULES[name].torch.verify(X.cuda(), P.cuda(), Q.cuda(), seeds=seeds.cuda(),
-                                       positions=7)
+        X = X.expand(B, k, X.shape[2])
+        seeds, kw = torch.arange(B), {"positions": 7, "replacement": replacement}
+        cpu = RULES[name].torch.verify(X, P, Q, seeds=seeds, **kw)
+        gpu = RULES[name].torch.verify(X.cuda(), P.cuda(), Q.cuda(), seeds=seeds.cuda(), **kw)
         assert all(torch.equal(a, b.cpu()) for a, b in zip(cpu, gpu, strict=True)), name
 
 

@@ -116,6 +116,28 @@ def random_trees(rng: np.random.Generator, n: int, replacement: bool, sizes=(3, 
         yield torch.tensor(X)[None], Pt, Qt
 
 
+def draft_replacement(rule: str, k: int) -> bool:
+    """The ``replacement`` a test gives ``k`` branches of ``rule``: i.i.d. where the rule takes
+    them, else distinct drafts of the rule's own law (``greedy``, ``spechub``)."""
+    return k == 1 or True in RULES[rule].draft_laws
+
+
+def own_roots(rule: str, X: torch.Tensor, Q: torch.Tensor, replacement: bool,
+              rng: np.random.Generator) -> torch.Tensor:
+    """``X [B, k, g]`` with each request's first tokens drawn from the rule's draft law on its
+    first draft law ``Q[b, 0, 0]`` (``RULES[rule].draw_drafts`` on the float64-normalised row);
+    ``X`` itself where the rule has no single-step law of ``k`` drafts (a rule that judges
+    blocks drafts its branches i.i.d. or successively; ``gumbel``'s walk takes any tree)."""
+    B, k, g = X.shape
+    if g == 0 or RULES[rule].unit != "token" or not RULES[rule].supports(k, replacement):
+        return X
+    X = X.clone()
+    for b in range(B):
+        q0 = Q[b, 0, 0].double().numpy()
+        X[b, :, 0] = torch.as_tensor(RULES[rule].draw_drafts(q0 / q0.sum(), k, replacement, rng))
+    return X
+
+
 def draw_tuples(q: np.ndarray, k: int, B: int, replacement: bool, seed: int) -> torch.Tensor:
     """B draft tuples from q (i.i.d. or successive sampling), [B, k]."""
     gen = torch.Generator().manual_seed(seed)

@@ -42,7 +42,8 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
         ``optimal``, ``gumbel``).
     num_drafts : draft branches per step (``k``); multi-draft rules only.
     gamma : tokens drafted per branch and step.
-    replacement : i.i.d. branches (True) or distinct first tokens (False: ``rrs``, ``optimal``).
+    replacement : i.i.d. branches (True) or distinct first tokens (False: successive draws, or
+        the rule's own draft law, e.g. ``greedy``, ``spechub``).
     seed : ``None``, an int, or one int per row (:func:`coupling.hf.row_seeds`).
     """
     if generation_config is None or logits_processor is None or stopping_criteria is None:

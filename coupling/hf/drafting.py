@@ -8,9 +8,11 @@ draw is reused by a later step, whose verification could otherwise see a draft c
 an earlier decision. ``gumbel`` drafts with the keyed Gumbel noise of the token's own position
 instead, the very noise its verifier uses (:func:`coupling.rules.gumbel.torch.draft`).
 
-Branches are i.i.d. (``replacement=True``), or their first tokens are ``k`` successive draws
-without replacement from the shared first law (``replacement=False``); each branch then
-continues as a chain of its own.
+Branches are i.i.d. (``replacement=True``), or their first tokens are ``k`` distinct draws from
+the shared first law (``replacement=False``): successive draws without replacement, or the
+rule's own draft law where its twin drafts one (a ``draft_roots(q [B, V], u [B, k])`` in the
+rule's ``torch`` module: ``greedy``'s likeliest tokens and one draw, ``spechub``'s hub pair),
+with the same uniforms; each branch then continues as a chain of its own.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from ..keyed import STREAM_DRAFT
+from ..rules import RULES
 from ..rules.gumbel.torch import draft as gumbel_draft
 from ..torch_backend import sample_rows, uniforms
 from .options import Options
@@ -80,13 +83,13 @@ def _draw(q: torch.Tensor, i: int, opts: Options, u: torch.Tensor | None, seeds:
         return gumbel_draft(q, seeds.to(q.device), starts.to(q.device) + i)
     ui = u[:, i * k:(i + 1) * k].reshape(-1)  # [B*k], row b*k+j gets U(., i*k + j)
     if i == 0 and k > 1 and not opts.replacement:
-        return _distinct_first(q[::k], u[:, :k])
+        return _distinct_first(q[::k], u[:, :k], opts.rule)
     return sample_rows(q, ui)
 
 
-def _distinct_first(q0: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """``k`` successive draws without replacement from each row of ``q0 [B, V]`` with the
-    uniforms ``u [B, k]``; returns ``[B*k]`` (row-major: the k first tokens of each row)."""
+def _distinct_first(q0: torch.Tensor, u: torch.Tensor, rule: str) -> torch.Tensor:
+    """``k`` distinct first tokens from each row of ``q0 [B, V]`` with the uniforms ``u [B, k]``
+    (module doc); returns ``[B*k]`` (row-major: the k first tokens of each row)."""
     B, k = u.shape
     support = (q0 > 0).sum(-1)
     if bool((support < k).any()):
@@ -94,6 +97,9 @@ def _distinct_first(q0: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
             f"replacement=False drafts {k} distinct first tokens, but the draft's processed law "
             f"has only {int(support.min())} token(s) of positive probability at some row (top-k, "
             "top-p or min-p cut it); lower num_drafts or use replacement=True")
+    own = getattr(RULES[rule].torch, "draft_roots", None)
+    if own is not None:
+        return own(q0, u).reshape(-1)
     w = q0.to(torch.float64).clone()
     out = []
     for j in range(k):  # each draw removes its token from the law of the next

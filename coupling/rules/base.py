@@ -32,7 +32,9 @@ sampling (:func:`coupling.dist.tuple_law`) unless the rule overrides ``_draft_la
 ``_draw_drafts`` (the greedy law: the likeliest tokens of ``q`` and one draw). The exact
 checks, the walk's law and the LP oracle (:meth:`Rule.optimum`) all read :meth:`Rule.draft_law`;
 ``replacement=False`` then says that the drafts are distinct, so that each branch of a draft
-tree continues as a chain after its first token.
+tree continues as a chain after its first token. Such a rule's twin module also drafts its law
+batched, ``draft_roots(q [B, V], u [B, k]) -> [B, k]`` from explicit uniforms: what a batched
+drafter (:mod:`coupling.hf`) draws the first tokens with.
 """
 
 from __future__ import annotations
@@ -84,6 +86,10 @@ class Rule:
     lossless: ClassVar[bool] = True
     #: whether its output under a fixed seed does not depend on the drafter
     drafter_invariant: ClassVar[bool] = False
+    #: whether :meth:`verify_block` takes the target's shared Gumbel noise of the call's
+    #: positions, ``noise [gamma + 1, V]`` (:func:`coupling.keyed.gumbel_noise`, the noise its
+    #: twin hashes), in place of the coins and draws of :meth:`call_uniforms`
+    shared_noise: ClassVar[bool] = False
     #: ``"token"``: a single-step coupling, lifted to blocks and trees by the walk;
     #: ``"block"``: it judges a drafted block as a whole (no single-step form of its own)
     unit: ClassVar[str] = "token"

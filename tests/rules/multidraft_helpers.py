@@ -237,6 +237,20 @@ def check_single_step_law(rule: Rule, p, q, k: int, replacement: bool, B: int = 
     assert abs(rate - want) < 5 * (want * (1 - want) / B) ** 0.5 + 1e-12
 
 
+def check_draft_roots(rule: Rule, q: np.ndarray, k: int, B: int = 100_000,
+                      seed: int = 0) -> None:
+    """The twin's batched drafter (``draft_roots``, what ``coupling.hf`` drafts with) draws the
+    rule's draft law: over ``B`` rows of uniforms every tuple is a row of ``rule.draft_law``
+    and their frequencies pass a chi-square against its probabilities at ALPHA."""
+    tuples, probs = rule.draft_law(q, k, replacement=False)
+    index = {tuple(t): i for i, t in enumerate(tuples.tolist())}
+    u = torch.rand(B, k, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    X = rule.torch.draft_roots(torch.tensor(q).expand(B, -1), u)
+    rows = [index.get(tuple(x)) for x in X.tolist()]
+    assert None not in rows, "a tuple outside the draft law"
+    assert chi2_pvalue(np.bincount(rows, minlength=len(probs)), probs) > ALPHA
+
+
 def broken_twin(step):
     """A twin made of a (deliberately broken) single-step function and the shared walk."""
 

@@ -27,6 +27,7 @@ from .multidraft_helpers import (
     broken_twin,
     check_batch_invariance,
     check_degenerate_parity,
+    check_draft_roots,
     check_k1_is_token,
     check_parity,
     check_single_step_law,
@@ -63,6 +64,14 @@ def test_batch_invariance():
 def test_single_step_joint_law(V, k):
     p, q = random_pq(np.random.default_rng(12), V, 0.8)
     check_single_step_law(GREEDY, p, q, k, False)
+
+
+@pytest.mark.parametrize("q, k", [(np.array([0.3, 0.3, 0.15, 0.15, 0.1]), 2),
+                                  (np.array([0.1, 0.2, 0.2, 0.05, 0.45]), 3),
+                                  (np.array([0.0, 0.5, 0.25, 0.25]), 3)])
+def test_draft_roots_draw_the_greedy_law(q, k):
+    """Ties among the likeliest tokens go to the smaller id, as in the draft law."""
+    check_draft_roots(GREEDY, q, k)
 
 
 def _against_q(p_i, q_i, x, alive, coins, u, i, act):

@@ -26,6 +26,7 @@ from .multidraft_helpers import (
     broken_twin,
     check_batch_invariance,
     check_degenerate_parity,
+    check_draft_roots,
     check_k1_is_token,
     check_parity,
     check_single_step_law,
@@ -61,6 +62,13 @@ def test_batch_invariance():
 def test_single_step_joint_law(V):
     p, q = random_pq(np.random.default_rng(12), V, 0.8)
     check_single_step_law(HUB, p, q, 2, False)
+
+
+@pytest.mark.parametrize("q", [np.array([0.1, 0.4, 0.4, 0.1]), np.array([0.0, 0.3, 0.7]),
+                               np.array([0.6, 0.2, 0.15, 0.05])], ids=str)
+def test_draft_roots_draw_the_hub_law(q):
+    """The hub is the first maximum, as in the draft law."""
+    check_draft_roots(HUB, q, 2)
 
 
 def _no_hub_stage(p_i, q_i, x, alive, coins, u, i, act):

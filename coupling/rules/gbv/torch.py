@@ -7,7 +7,10 @@ laws ``p, q [B, V]`` (read from its lowest path), the ranking key (``min(1, p/q)
 :mod:`coupling.rules.gbv` (``O(k V)``), and the highest-ranked child among the paths that
 share the selected prefix. Then block verification of the selected path with ``q^\star``:
 the block twin's :func:`~coupling.rules.block.torch.weights` and
-:func:`~coupling.rules.block.torch.accepted`, and the residual at the stop.
+:func:`~coupling.rules.block.torch.accepted`, and the residual at the stop. Every law read is a
+float64 row of the normalised laws ``p / sum p``, ``q / sum q``
+(:mod:`coupling.torch_backend.laws`), the numpy core's arithmetic, so laws given in float32 or
+half precision give exactly the normalised target's law.
 
 Randomness: the selected path ``b``'s coins ``accept_u[:, :, b]`` (keyed:
 ``U(seed, t, STREAM_ACCEPT, i * MAX_DRAFTS + b)``) and ``sample_u[:, tau]``: the numbers
@@ -21,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from ...torch_backend.common import Verdict, assemble, emit_residual
+from ...torch_backend.laws import normalised_rows
 from ...torch_backend.tree import first_true, prepare_tree
 from ..block.torch import accepted, weights
 from . import RANKS
@@ -69,8 +73,8 @@ def select(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
     m = torch.ones_like(A)
     q_star = []
     for d in range(g):
-        ref = first_true(alive)
-        pd, qd = p[rows, ref, d].to(torch.float64), q[rows, ref, d].to(torch.float64)
+        at = (rows, first_true(alive), torch.full_like(rows, d))
+        pd, qd = normalised_rows(p, at), normalised_rows(q, at)
         pos, below = _ranked(pd, qd, rank)
         q_star.append(skew(qd, below, A, m, k))
         x = drafts[:, :, d]
@@ -102,7 +106,10 @@ def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
                          "of the largest of k i.i.d. paths")
     rows = torch.arange(B, device=drafts.device)
     b, q_star = select(drafts, p, q, rank)
-    x, P = drafts[rows, b], p[rows, b].to(torch.float64)                   # [B, g], [B, g+1, V]
+    x = drafts[rows, b]                                                    # [B, g]
+    depth = torch.arange(g + 1, device=drafts.device)
+    P = normalised_rows(p, (rows.repeat_interleave(g + 1), b.repeat_interleave(g + 1),
+                            depth.repeat(B))).view(B, g + 1, -1)           # [B, g+1, V]
     ratio = P[:, :g].gather(-1, x.unsqueeze(-1)).squeeze(-1) \
         / q_star.gather(-1, x.unsqueeze(-1)).squeeze(-1)
     w = weights(ratio)

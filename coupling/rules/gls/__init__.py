@@ -178,6 +178,7 @@ class Gls(Rule):
     reference = "Rowan, Phan, Khisti 2025, arXiv 2506.05632 (abstract); laws derived here"
     draft_laws = (True,)
     drafter_invariant = True
+    shared_noise = True
     open_uniforms = True
     bound_text = ("in [sum_i (1/p_i + 1/(k q_i))^-1 (list matching, derived), i.i.d. optimum]; "
                   "k = 1: the gumbel rule")

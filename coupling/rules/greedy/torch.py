@@ -6,7 +6,8 @@ At the root the ``k`` branches start with the greedy drafts ``(t_1, ..., t_{k-1}
 it was drawn from, :math:`g = q\\,\\mathbf 1_{T^c} / q(T^c)`, by its own coin, and a rejection
 draws from :math:`(p - g)_+`. The drafts are distinct, so every later offset has one survivor,
 judged by the token rule. The arithmetic is the numpy core's (:func:`coupling.rules.greedy.verify`)
-on ``[B]`` rows at once, in float64.
+on ``[B]`` rows at once, in float64. :func:`draft_roots` draws the greedy drafts themselves, for
+a batched drafter.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import torch
 from ...torch_backend.common import Verdict, check_inputs, sample_rows
 from ...torch_backend.tree import first_true, verify_tree
 
-__all__ = ["verify", "step", "check_greedy_roots"]
+__all__ = ["verify", "step", "check_greedy_roots", "draft_roots"]
 
 
 def step(p_i, q_i, x, alive, coins, u, i, act):
@@ -36,6 +37,17 @@ def step(p_i, q_i, x, alive, coins, u, i, act):
     res = (p - g).clamp_(min=0.0)
     empty = res.sum(-1) <= 0                  # p == g: a rejection has probability 0
     return torch.where(accept | empty, xs, sample_rows(res, u, fallback=p))
+
+
+def draft_roots(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The greedy drafts of each row of ``q [B, V]`` with the uniforms ``u [B, k]``, int64
+    ``[B, k]``: the ``k - 1`` likeliest tokens (ties by the smaller id), then the inverse-CDF
+    draw with ``u[:, k - 1]`` from ``q`` off them (the numpy draw's one uniform; the others are
+    not read). Each row needs ``k`` tokens of positive probability."""
+    k = u.shape[1]
+    top = torch.sort(q, dim=-1, descending=True, stable=True).indices[:, : k - 1]
+    rest = q.to(torch.float64).scatter(1, top, 0.0)
+    return torch.cat([top, sample_rows(rest, u[:, k - 1]).unsqueeze(1)], 1)
 
 
 def check_greedy_roots(drafts: torch.Tensor, q: torch.Tensor) -> None:

@@ -253,6 +253,7 @@ class Gumbel(Rule):
     reference = "Daliri, Musco, Suresh 2024"
     max_drafts = 1
     drafter_invariant = True
+    shared_noise = True
     open_uniforms = True
     bound_text = "in [(1 - TV)/(1 + TV), 1 - TV] (Daliri, Musco, Suresh 2024)"
     #: the negative control's bug (:data:`EMIT_DRAFT`)

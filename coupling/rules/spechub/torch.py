@@ -5,7 +5,8 @@ token is the hub ``a = argmax q`` (ties: the smaller id), the other a token ``i`
 plan's quantities (``c``, ``p'``, ``L_1``, ``L_2``, ``p'_a`` and the residual) are computed for
 ``[B]`` rows at once in float64, and the numpy core's tests run on them: ``i`` with its own
 coin, then the hub with the other coin, then the residual draw. The drafts are distinct, so
-every later offset has one survivor, judged by the token rule.
+every later offset has one survivor, judged by the token rule. :func:`draft_roots` draws hub
+pairs, for a batched drafter.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import torch
 from ...torch_backend.common import Verdict, check_inputs, sample_rows
 from ...torch_backend.tree import first_true, verify_tree
 
-__all__ = ["verify", "step", "check_hub_roots"]
+__all__ = ["verify", "step", "check_hub_roots", "draft_roots"]
 
 
 def _hub_pair(p, q, x, coins, u):
@@ -60,6 +61,21 @@ def step(p_i, q_i, x, alive, coins, u, i, act):
     if pair.numel():
         y[pair] = _hub_pair(p[pair], q[pair], x[pair], coins[pair], u[pair])
     return y
+
+
+def draft_roots(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """A hub pair per row of ``q [B, V]`` with the uniforms ``u [B, 2]``, int64 ``[B, 2]``:
+    ``x_1`` by inverse CDF with ``u[:, 0]``; the pair is ``(x_1, a)`` unless ``x_1`` is the hub
+    ``a = argmax q`` (the first maximum), then ``(a, x_2)`` with ``x_2`` drawn from ``q`` off the
+    hub with ``u[:, 1]`` (the numpy draw's uniforms, in order). Each row needs two tokens of
+    positive probability."""
+    if u.ndim != 2 or u.shape[1] != 2:
+        raise ValueError(f"spechub drafts a hub pair: u must be [B, 2], got {tuple(u.shape)}")
+    a = q.argmax(-1)
+    x1 = sample_rows(q, u[:, 0])
+    x2 = sample_rows(q.to(torch.float64).scatter(1, a.unsqueeze(1), 0.0), u[:, 1])
+    hub_first = x1 == a
+    return torch.stack([x1, torch.where(hub_first, x2, a)], 1)
 
 
 def check_hub_roots(drafts: torch.Tensor, q: torch.Tensor) -> None:

@@ -8,6 +8,10 @@ first appearance are slots in ascending ``j``. Every node state of
 :mod:`coupling.rules.traversal` is a tensor over slots: weights ``w [B, k, g + 1]``, target
 laws ``r [B, k, g + 1, V]``, draft laws ``s [B, k, g, V]`` (float64).
 
+Every state starts from the float64-normalised laws ``p / sum p``, ``q / sum q`` per row
+(:mod:`coupling.torch_backend.laws`), the numpy core's arithmetic, so laws given in float32 or
+half precision give exactly the normalised target's law.
+
 One step for every unfinished request: walk from the root to the first leaf (first remaining
 child at each depth: ``g`` masked reductions over ``k``), accept it if its coin is below its
 weight (the root always), else delete it and update its parent (residual, weight, draft law
@@ -26,6 +30,7 @@ from __future__ import annotations
 import torch
 
 from ...torch_backend.common import Verdict, assemble, sample_rows
+from ...torch_backend.laws import normalised_rows
 from ...torch_backend.tree import first_true, prepare_tree
 
 __all__ = ["verify", "walk", "slots"]
@@ -51,8 +56,9 @@ class _Trees:
         self.B, self.k, self.g = drafts.shape
         self.rows = torch.arange(self.B, device=drafts.device)
         self.low, self.alive = slots(drafts)
-        self.r = p.to(torch.float64).clone()
-        self.s = q.to(torch.float64).clone()
+        # the walk rewrites its laws in place: fresh float64 rows of the normalised laws
+        self.r = normalised_rows(p).view(p.shape)
+        self.s = normalised_rows(q).view(q.shape)
         self.w = torch.ones(self.B, self.k, self.g + 1, dtype=torch.float64, device=p.device)
         self.touched = torch.zeros_like(self.alive)
         self.reweigh()
