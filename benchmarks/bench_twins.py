@@ -168,13 +168,25 @@ def peak_mib(fn: Callable[[], object], device: str) -> float:
 
 
 # ------------------------------------------------------------------------------ the table
-def configurations() -> list[tuple[str, bool]]:
-    """``(rule, multi)``: single-branch rows for the rules that take one draft, ``k``-branch
-    rows for those that take any number, and both for ``gumbel``, whose twin walks any tree
-    (its single step takes one draft; the walk follows the branches that drafted the
-    target's Gumbel-max token)."""
-    rows = [(name, rule.max_drafts is None) for name, rule in RULES.items()]
-    return rows + [("gumbel", True)]
+def configurations(k: int) -> list[tuple[str, int]]:
+    """``(rule, branches)``: one branch for the rules that take one draft, ``k`` (or the
+    rule's maximum) for the others, and both for ``gumbel``, whose twin walks any tree (its
+    single step takes one draft; the walk follows the branches that drafted the target's
+    Gumbel-max token)."""
+    rows = [(name, 1 if rule.max_drafts == 1 else min(k, rule.max_drafts or k))
+            for name, rule in RULES.items()]
+    return rows + [("gumbel", k)]
+
+
+def own_roots(rule, d: torch.Tensor, q: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """``d`` with the first tokens drawn by the rule's own draft law where it has one (its
+    twin's ``draft_roots``: greedy, spechub), the rest of each branch as drafted."""
+    if len(d) == 0 or not hasattr(rule.torch, "draft_roots"):
+        return d
+    u = torch.rand(d.shape[0], d.shape[1], generator=gen, dtype=torch.float64)
+    d = d.clone()
+    d[:, :, 0] = rule.torch.draft_roots(q[:, 0, 0].cpu(), u).to(d.device)
+    return d
 
 
 def cases(B: int, k: int, g: int, V: int, kind: str, device: str, gen: torch.Generator):
@@ -184,18 +196,20 @@ def cases(B: int, k: int, g: int, V: int, kind: str, device: str, gen: torch.Gen
              True: make_tree(B, k, g, V, kind, gen, gumbel=True)}
     trees = {key: tuple(t.to(device) for t in tree) for key, tree in trees.items()}
     bgen = torch.Generator(device=device).manual_seed(1)
-    for name, multi in configurations():
+    for name, kk in configurations(k):
         d, p, q, seeds, pos = trees[name == "gumbel"]
-        if not multi:
-            d, p, q = d[:, :1], p[:, :1], q[:, :1]
-        kk = d.shape[1]
+        d, p, q = d[:, :kk], p[:, :kk], q[:, :kk]
+        rule = RULES[name]
+        replacement = True in rule.draft_laws    # distinct drafts where the rule takes only them
+        if kk > 1:
+            d = own_roots(rule, d, q, gen)
         flat = (d.reshape(B * kk, g), p.reshape(B * kk, g + 1, V), q.reshape(B * kk, g, V))
 
-        def twin(rep: int = 0, rule=RULES[name], d=d, p=p, q=q, seeds=seeds, pos=pos,
-                 shift=name != "gumbel"):
+        def twin(rep: int = 0, rule=rule, d=d, p=p, q=q, seeds=seeds, pos=pos,
+                 shift=name != "gumbel", replacement=replacement):
             # each repeat draws other uniforms (gumbel's drafts hold its keys: they stay)
             return rule.torch.verify(d, p, q, seeds=seeds + 7919 * rep * shift, positions=pos,
-                                     validate=False)
+                                     replacement=replacement, validate=False)
 
         def base(flat=flat):
             return plain_token(*flat, bgen)
