@@ -1,9 +1,10 @@
 r"""``gbv``'s batched torch twin: greedy multi-path block verification of ``B`` draft trees.
 
 Per depth ``d`` (a Python loop over ``gamma``), for every request at once: the selected node's
-laws ``p, q [B, V]`` (read from its lowest path), the ranking key (``min(1, p/q)`` or ``p/q``,
--1 where ``q = 0``) sorted stably (ties by token id), the draft mass ranked below each token
-``F^-`` (an exclusive cumulative sum in rank order), the skewed law ``q^\star`` of
+laws ``p, q [B, V]`` (its lowest path's, float64 over their sums), the ranking key
+(``min(1, p/q)`` or ``p/q``, -1 where ``q = 0``) sorted stably (ties by token id),
+the draft mass ranked below each token ``F^-`` (an exclusive cumulative sum
+in rank order), the skewed law ``q^\star`` of
 :mod:`coupling.rules.gbv` (``O(k V)``), and the highest-ranked child among the paths that
 share the selected prefix (largest key, then largest token id: the rank order without its
 positions). Then block verification of the selected path with ``q^\star``:
