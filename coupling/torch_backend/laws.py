@@ -96,6 +96,10 @@ def _source(x: torch.Tensor, index: Index | None) -> tuple[int, Take]:
     if n * V <= GATHER_AT_MOST:  # one gather in x's dtype, then chunks of it
         rows = flat.index_select(0, ids)
         return n, lambda lo, hi: rows[lo:hi]
+    if chunk_rows(V, x.device) == 1 and x.device.type == "cpu":
+        # a chunk is one row: read it in place (a gather would copy it once more)
+        at = ids.tolist()
+        return n, lambda lo, hi: flat[at[lo]:at[lo] + 1]
     return n, lambda lo, hi: flat.index_select(0, ids[lo:hi])
 
 

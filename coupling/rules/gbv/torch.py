@@ -1,16 +1,15 @@
 r"""``gbv``'s batched torch twin: greedy multi-path block verification of ``B`` draft trees.
 
 Per depth ``d`` (a Python loop over ``gamma``), for every request at once: the selected node's
-laws ``p, q [B, V]`` (read from its lowest path), the ranking key (``min(1, p/q)`` or ``p/q``,
--1 where ``q = 0``) sorted stably (ties by token id), the draft mass ranked below each token
-``F^-`` (an exclusive cumulative sum in rank order), the skewed law ``q^\star`` of
+laws ``p, q [B, V]`` (its lowest path's, float64 over their sums), the ranking key
+(``min(1, p/q)`` or ``p/q``, -1 where ``q = 0``) sorted stably (ties by token id),
+the draft mass ranked below each token ``F^-`` (an exclusive cumulative sum
+in rank order), the skewed law ``q^\star`` of
 :mod:`coupling.rules.gbv` (``O(k V)``), and the highest-ranked child among the paths that
-share the selected prefix. Then block verification of the selected path with ``q^\star``:
+share the selected prefix (largest key, then largest token id: the rank order without its
+positions). Then block verification of the selected path with ``q^\star``:
 the block twin's :func:`~coupling.rules.block.torch.weights` and
-:func:`~coupling.rules.block.torch.accepted`, and the residual at the stop. Every law read is a
-float64 row of the normalised laws ``p / sum p``, ``q / sum q``
-(:mod:`coupling.torch_backend.laws`), the numpy core's arithmetic, so laws given in float32 or
-half precision give exactly the normalised target's law.
+:func:`~coupling.rules.block.torch.accepted`, and the residual at the stop.
 
 Randomness: the selected path ``b``'s coins ``accept_u[:, :, b]`` (keyed:
 ``U(seed, t, STREAM_ACCEPT, i * MAX_DRAFTS + b)``) and ``sample_u[:, tau]``: the numbers
@@ -24,7 +23,7 @@ from __future__ import annotations
 import torch
 
 from ...torch_backend.common import Verdict, assemble, emit_residual
-from ...torch_backend.laws import normalised_rows
+from ...torch_backend.laws import normalised_rows, row_sums
 from ...torch_backend.tree import first_true, prepare_tree
 from ..block.torch import accepted, weights
 from . import RANKS
@@ -49,41 +48,46 @@ def skew(q: torch.Tensor, below: torch.Tensor, A: torch.Tensor, m: torch.Tensor,
 
 
 def _ranked(p: torch.Tensor, q: torch.Tensor, rank: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(position, below)`` ``[B, V]``: each token's place in ascending rank and the draft
-    mass ranked below it."""
+    """``(key, below)`` ``[B, V]``: each token's ranking key and the draft mass ranked below
+    it (ascending key, ties by token id)."""
     ratio = p / torch.where(q > 0, q, 1.0)
-    key = torch.where(q > 0, ratio.clamp(max=1.0) if rank == "capped" else ratio, -1.0)
+    key = torch.where(q > 0, ratio.clamp_(max=1.0) if rank == "capped" else ratio, -1.0)
     order = torch.sort(key, dim=-1, stable=True).indices
     q_sorted = q.gather(-1, order)
-    excl = torch.cat([torch.zeros_like(q_sorted[:, :1]), q_sorted.cumsum(-1)[:, :-1]], -1)
-    below = torch.empty_like(q).scatter_(-1, order, excl)
-    pos = torch.empty_like(order).scatter_(-1, order, torch.arange(
-        q.shape[-1], device=q.device).expand_as(order))
-    return pos, below
+    excl = torch.zeros_like(q_sorted)
+    torch.cumsum(q_sorted[:, :-1], -1, out=excl[:, 1:])
+    return key, torch.empty_like(q).scatter_(-1, order, excl)
+
+
+def _top_child(key: torch.Tensor, x: torch.Tensor, alive: torch.Tensor) -> torch.Tensor:
+    """The highest-ranked token among the surviving children ``x [B, k]`` (``alive``): the
+    largest key, ties by the largest token id, as the rank order puts them."""
+    kx = torch.where(alive, key.gather(-1, x), -2.0)                     # below every key
+    best = kx.amax(-1, keepdim=True)
+    return torch.where(kx == best, x, -1).amax(-1)
 
 
 def select(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
            rank: str = "capped") -> tuple[torch.Tensor, torch.Tensor]:
     """``(branch [B], q_star [B, g, V])``: the lowest path equal to the selected one and its
-    conditional laws (float64)."""
+    conditional laws (float64), on the normalised laws (:mod:`coupling.torch_backend.laws`)."""
     B, k, g = drafts.shape
     rows = torch.arange(B, device=drafts.device)
     alive = torch.ones(B, k, dtype=torch.bool, device=drafts.device)
     A = torch.zeros(B, dtype=torch.float64, device=drafts.device)
     m = torch.ones_like(A)
-    q_star = []
+    q_star = torch.empty(B, g, p.shape[-1], dtype=torch.float64, device=p.device)
     for d in range(g):
         at = (rows, first_true(alive), torch.full_like(rows, d))
         pd, qd = normalised_rows(p, at), normalised_rows(q, at)
-        pos, below = _ranked(pd, qd, rank)
-        q_star.append(skew(qd, below, A, m, k))
+        key, below = _ranked(pd, qd, rank)
+        q_star[:, d] = skew(qd, below, A, m, k)
         x = drafts[:, :, d]
-        place = torch.where(alive, pos.gather(-1, x), -1)
-        t = x.gather(-1, place.argmax(-1, keepdim=True)).squeeze(-1)      # top-ranked child
-        alive = alive & (x == t.unsqueeze(-1))
-        A = A + m * below.gather(-1, t.unsqueeze(-1)).squeeze(-1)
-        m = m * qd.gather(-1, t.unsqueeze(-1)).squeeze(-1)
-    return first_true(alive), torch.stack(q_star, 1)
+        t = _top_child(key, x, alive).unsqueeze(-1)
+        alive = alive & (x == t)
+        A = A + m * below.gather(-1, t).squeeze(-1)
+        m = m * qd.gather(-1, t).squeeze(-1)
+    return first_true(alive), q_star
 
 
 def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
@@ -106,14 +110,13 @@ def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
                          "of the largest of k i.i.d. paths")
     rows = torch.arange(B, device=drafts.device)
     b, q_star = select(drafts, p, q, rank)
-    x = drafts[rows, b]                                                    # [B, g]
-    depth = torch.arange(g + 1, device=drafts.device)
-    P = normalised_rows(p, (rows.repeat_interleave(g + 1), b.repeat_interleave(g + 1),
-                            depth.repeat(B))).view(B, g + 1, -1)           # [B, g+1, V]
-    ratio = P[:, :g].gather(-1, x.unsqueeze(-1)).squeeze(-1) \
+    x, P = drafts[rows, b], p[rows, b]                                    # [B, g], [B, g+1, V]
+    sp, one = row_sums(P), torch.ones(B, g, dtype=torch.float64, device=p.device)
+    ratio = P[:, :g].gather(-1, x.unsqueeze(-1)).squeeze(-1).to(torch.float64) / sp[:, :g] \
         / q_star.gather(-1, x.unsqueeze(-1)).squeeze(-1)
     w = weights(ratio)
-    n = accepted(w, P, q_star, coins[rows, :, b])
+    n = accepted(w, P, q_star, coins[rows, :, b], sums=(sp, one))
     w_n = torch.where(n == g, 1.0, w[rows, n])
-    y = emit_residual(P, q_star, n, w_n, u[rows, n])
+    y = emit_residual(P, q_star, n, w_n, u[rows, n], sums=(sp[rows, n], one[:, 0]) if g
+                      else None)
     return assemble(drafts, n, b, y)

@@ -5,18 +5,21 @@ is ``j`` lives in slot ``(j, i)``; ``owner[b, j, i]`` says whether path ``j`` is
 path through its depth-``i`` prefix (slot in use), and ``low[b, j, i]`` is that lowest path,
 so the parent of slot ``(j, i)`` is ``(low[b, j, i - 1], i - 1)`` and children ordered by
 first appearance are slots in ascending ``j``. Every node state of
-:mod:`coupling.rules.traversal` is a tensor over slots: weights ``w [B, k, g + 1]``, target
-laws ``r [B, k, g + 1, V]``, draft laws ``s [B, k, g, V]`` (float64).
-
-Every state starts from the float64-normalised laws ``p / sum p``, ``q / sum q`` per row
-(:mod:`coupling.torch_backend.laws`), the numpy core's arithmetic, so laws given in float32 or
-half precision give exactly the normalised target's law.
+:mod:`coupling.rules.traversal` is held over slots without a ``V`` axis: weights
+``w [B, k, g + 1]`` and each slot's parent's target and draft laws at the slot's token
+(``rt``, ``st``), on the normalised laws ``p / sum p``, ``q / sum q``
+(:mod:`coupling.torch_backend.laws`; the sums are read once per node). The touched nodes are
+ancestors of the current leaf, at most one per depth: a touched node's target law is a
+float64 row of a pool keyed by (request, depth), its draft law is ``q / sum q`` less the
+removed children's tokens, divided in turn by each removal's ``1 - s(t)`` (the numpy core's
+divisions, in its order). No ``[B, k, g + 1, V]`` float64 copy of the laws exists.
 
 One step for every unfinished request: walk from the root to the first leaf (first remaining
 child at each depth: ``g`` masked reductions over ``k``), accept it if its coin is below its
 weight (the root always), else delete it and update its parent (residual, weight, draft law
-without the rejected token: ``O(V)``) and recompute the weights of the nodes no rejection
-has touched, top-down (``g`` gathers). A request is done after at most ``k g + 1`` steps.
+without the rejected token: ``O(V)`` on the rejecting rows only) and recompute the weights of
+the nodes no rejection has touched, top-down (``g`` gathers over ``[B, k]``). A request is
+done after at most ``k g + 1`` steps.
 
 Randomness: the coin of slot ``(j, i)`` is ``accept_u[b, i - 1, j]`` (keyed:
 ``U(seed, t, STREAM_ACCEPT, (i - 1) * MAX_DRAFTS + j)``), the emitted token is drawn by inverse
@@ -30,7 +33,7 @@ from __future__ import annotations
 import torch
 
 from ...torch_backend.common import Verdict, assemble, sample_rows
-from ...torch_backend.laws import normalised_rows
+from ...torch_backend.laws import row_sums
 from ...torch_backend.tree import first_true, prepare_tree
 
 __all__ = ["verify", "walk", "slots"]
@@ -52,26 +55,38 @@ class _Trees:
     """The state of ``B`` traversals (module doc)."""
 
     def __init__(self, drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor):
-        self.drafts = drafts
-        self.B, self.k, self.g = drafts.shape
-        self.rows = torch.arange(self.B, device=drafts.device)
+        self.drafts, self.p, self.q = drafts, p, q
+        self.B, self.k, self.g = B, k, g = drafts.shape
+        dev = drafts.device
+        self.rows = torch.arange(B, device=dev)
         self.low, self.alive = slots(drafts)
-        # the walk rewrites its laws in place: fresh float64 rows of the normalised laws
-        self.r = normalised_rows(p).view(p.shape)
-        self.s = normalised_rows(q).view(q.shape)
-        self.w = torch.ones(self.B, self.k, self.g + 1, dtype=torch.float64, device=p.device)
+        self.sp, self.sq = _node_sums(p, q, self.alive[:, :, :g])
+        self.w = torch.ones(B, k, g + 1, dtype=torch.float64, device=dev)
         self.touched = torch.zeros_like(self.alive)
+        # r_v(x), s_v(x) of each slot's parent v at the slot's token x (slot (j, 0): unused)
+        self.rt = torch.zeros(B, k, g + 1, dtype=torch.float64, device=dev)
+        self.st = torch.zeros_like(self.rt)
+        for i in range(1, g + 1):
+            par, x = self.low[:, :, i - 1], drafts[:, :, i - 1]
+            at = (self.rows.unsqueeze(1), par, i - 1, x)
+            self.rt[:, :, i] = p[at].to(torch.float64) / self.sp[:, :, i - 1].gather(1, par)
+            self.st[:, :, i] = q[at].to(torch.float64) / self.sq[:, :, i - 1].gather(1, par)
+        # a touched node's target law lives in a pool row, one per (request, depth): the
+        # touched nodes are ancestors of the current leaf; its draft law is q / sum q less
+        # the removed children's tokens, divided in turn by each removal's 1 - s(t)
+        self.home = torch.full((B, g), -1, dtype=torch.int64, device=dev)
+        self.pool = torch.empty(0, p.shape[-1], dtype=torch.float64, device=dev)
+        self.used = 0
+        self.gone = torch.zeros(B, g, k, dtype=torch.int64, device=dev)
+        self.rest = torch.ones(B, g, k, dtype=torch.float64, device=dev)
+        self.n_gone = torch.zeros(B, g, dtype=torch.int64, device=dev)
         self.reweigh()
 
     def reweigh(self) -> None:
         """``w_c = min(w_v r_v(c) / s_v(c), 1)`` top-down, except where a rejection set it."""
-        rows = self.rows.unsqueeze(1)
         for i in range(1, self.g + 1):
-            par = self.low[:, :, i - 1]                                   # [B, k]
-            tok = self.drafts[:, :, i - 1]
-            w_par = self.w[:, :, i - 1].gather(1, par)
-            r_t = self.r[rows, par, i - 1, tok]
-            s_t = self.s[rows, par, i - 1, tok]
+            w_par = self.w[:, :, i - 1].gather(1, self.low[:, :, i - 1])
+            r_t, s_t = self.rt[:, :, i], self.st[:, :, i]
             safe = torch.where(s_t > 0, s_t, 1.0)
             new = torch.where(s_t > 0, torch.clamp(w_par * r_t / safe, max=1.0), 0.0)
             self.w[:, :, i] = torch.where(self.touched[:, :, i], self.w[:, :, i], new)
@@ -88,25 +103,85 @@ class _Trees:
             d = torch.where(down, i, d)
         return j, d
 
+    def laws(self, act: torch.Tensor, v: torch.Tensor, pd: torch.Tensor,
+             fresh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The target and draft laws ``[A, V]`` (float64) of nodes ``(v, pd)`` of rows
+        ``act``; ``fresh``: no rejection has touched the node yet."""
+        r = self.p[act, v, pd].to(torch.float64).div_(self.sp[act, v, pd].unsqueeze(-1))
+        old = torch.nonzero(~fresh).squeeze(1)
+        if old.numel():
+            r[old] = self.pool[self.home[act[old], pd[old]]]
+        s = self.q[act, v, pd].to(torch.float64).div_(self.sq[act, v, pd].unsqueeze(-1))
+        n = torch.where(fresh, 0, self.n_gone[act, pd])
+        for h in range(int(n.max()) if n.numel() else 0):
+            on = h < n
+            t = self.gone[act, pd, h].unsqueeze(-1)
+            s.scatter_(-1, t, torch.where(on.unsqueeze(-1), 0.0, s.gather(-1, t)))
+            s.div_(torch.where(on, self.rest[act, pd, h], 1.0).unsqueeze(-1))
+        return r, s
+
+    def store(self, act: torch.Tensor, pd: torch.Tensor, r: torch.Tensor) -> None:
+        """Write the rows ``r`` to the pool rows of ``(act, pd)``, allocating the missing."""
+        new = torch.nonzero(self.home[act, pd] < 0).squeeze(1)
+        if new.numel():
+            need = self.used + new.numel()
+            if need > self.pool.shape[0]:  # amortised growth: the pool doubles
+                grown = self.pool.new_empty(max(need, 2 * self.pool.shape[0]), r.shape[-1])
+                grown[: self.used] = self.pool[: self.used]
+                self.pool = grown
+            self.home[act[new], pd[new]] = torch.arange(self.used, need, device=r.device)
+            self.used = need
+        self.pool[self.home[act, pd]] = r
+
     def reject(self, act: torch.Tensor, j: torch.Tensor, d: torch.Tensor) -> None:
         """Delete leaves ``(j, d)`` (``d >= 1``) of rows ``act`` and update their parents."""
-        v = self.low[act, j, d - 1]
-        t = self.drafts[act, j, d - 1]
-        pd = d - 1
+        v, t, pd = self.low[act, j, d - 1], self.drafts[act, j, d - 1], d - 1
         self.alive[act, j, d] = False
-        w, r, s = self.w[act, v, pd], self.r[act, v, pd], self.s[act, v, pd]
+        fresh = ~self.touched[act, v, pd]
+        r, s = self.laws(act, v, pd, fresh)
+        w = self.w[act, v, pd]
         res = (w.unsqueeze(-1) * r - s).clamp_(min=0.0)
         rho = res.sum(-1)
-        den = rho + (1.0 - w)
+        den = rho + 1.0 - w
         # den = 0 needs w = 1 and r = s: then the rejection had probability 0
         self.w[act, v, pd] = torch.where(den > 0, rho / torch.where(den > 0, den, 1.0), 1.0)
-        self.r[act, v, pd] = torch.where((rho > 0).unsqueeze(-1),
-                                         res / torch.where(rho > 0, rho, 1.0).unsqueeze(-1), r)
-        rest = 1.0 - s.gather(-1, t.unsqueeze(-1))                        # [A, 1]
-        s = s.scatter(-1, t.unsqueeze(-1), 0.0)
-        self.s[act, v, pd] = torch.where(rest > 0, s / torch.where(rest > 0, rest, 1.0), s)
+        r = torch.where((rho > 0).unsqueeze(-1),
+                        res.div_(torch.where(rho > 0, rho, 1.0).unsqueeze(-1)), r)
+        self.store(act, pd, r)
+        rest = 1.0 - s.gather(-1, t.unsqueeze(-1)).squeeze(-1)
+        div = torch.where(rest > 0, rest, 1.0)
+        n = torch.where(fresh, 0, self.n_gone[act, pd])
+        self.gone[act, pd, n], self.rest[act, pd, n] = t, div
+        self.n_gone[act, pd] = n + 1
+        # the children of v see its new laws at their tokens (t itself: s = 0)
+        x = self.drafts[act, :, pd]                                        # [A, k]
+        kid = (self.low[act, :, pd] == v.unsqueeze(1)).unsqueeze(-1)
+        s_x = torch.where(x == t.unsqueeze(1), 0.0, s.gather(-1, x) / div.unsqueeze(1))
+        at = (act.unsqueeze(1), torch.arange(self.k, device=act.device), d.unsqueeze(1))
+        self.rt[at] = torch.where(kid[..., 0], r.gather(-1, x), self.rt[at])
+        self.st[at] = torch.where(kid[..., 0], s_x, self.st[at])
         self.touched[act, v, pd] = True
         self.reweigh()
+
+    def stop_laws(self, j: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+        """The target laws ``[B, V]`` at the stops ``(j, d)``, as float64 weights: a touched
+        node's pool row, else the row of ``p`` (an inverse CDF needs no normalising)."""
+        out = self.p[self.rows, j, d].to(torch.float64)
+        hit = torch.nonzero(self.touched[self.rows, j, d]).squeeze(1)
+        if hit.numel():
+            out[hit] = self.pool[self.home[hit, d[hit]]]
+        return out
+
+
+def _node_sums(p: torch.Tensor, q: torch.Tensor,
+               owner: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Float64 row sums of ``p`` and ``q`` ``[B, k, g]`` at the slots in use (``owner``),
+    read once each (0 elsewhere)."""
+    at = torch.nonzero(owner, as_tuple=True)
+    sp = torch.zeros(owner.shape, dtype=torch.float64, device=p.device)
+    sq = torch.zeros_like(sp)
+    sp[at], sq[at] = row_sums(p, at), row_sums(q, at)
+    return sp, sq
 
 
 def walk(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, coins: torch.Tensor,
@@ -130,8 +205,7 @@ def walk(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, coins: torch.Te
         if not bool(accept.all()):
             keep = ~accept
             trees.reject(act[keep], j[keep], d[keep])
-    rows = trees.rows
-    y = sample_rows(trees.r[rows, stop_j, stop_d], u[rows, stop_d])
+    y = sample_rows(trees.stop_laws(stop_j, stop_d), u[trees.rows, stop_d])
     return assemble(drafts, stop_d, stop_j, y)
 
 
