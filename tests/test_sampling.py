@@ -216,7 +216,7 @@ def test_native_inverse_cdf_draws_the_torch_draws(rows, V, zeros, seed):
     the engine's drafts (``engine._sample_rows``, generator uniforms) and
     ``sampling.sample_rows`` (the plain sampler's), against the backend's torch
     ``sample_rows``."""
-    from coupling.torch_backend._common import sample_rows
+    from coupling.torch_backend.common import sample_rows
 
     compiled_or_skip("inverse_cdf")
     g = torch.Generator().manual_seed(seed)

@@ -741,12 +741,10 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
                 if rule in MULTI_DRAFT_RULES:
                     rec.optimal_predicted = P.optimal_block_efficiency(
                         rule, rec, drafts, q, p, c, replacement)
-                if rule == "token":
-                    rec.conditional = P.conditional_token(drafts, q, p, c)
-                elif rule == "block":
-                    rec.conditional = rec.predicted
                 if rule in ("token", "block"):
                     rec.block_on_drafts = P.conditional_block(drafts, q, p, c)
+                    rec.conditional = rec.block_on_drafts if rule == "block" \
+                        else P.conditional_token(drafts, q, p, c)
                 excluded += time.perf_counter() - t_pred  # analysis, not generation
             if on_step is not None:
                 on_step(rec, drafts, q, p)

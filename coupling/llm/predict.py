@@ -41,11 +41,12 @@ def step_beta(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
               k: int, replacement: bool = True) -> list[float]:
     """Per-position acceptances along the chosen branch (block: its weights w_1..w_g)."""
     check_rule(rule)
+    arrays = _arrays(drafts, q, p)
     if k != drafts.shape[0]:
         raise ValueError(f"k={k!r} must equal the number of branches drafts holds, "
                          f"{drafts.shape[0]}")
     name, repl = backend_rule(rule, replacement)
-    return core.predicted_tokens(name, *_arrays(drafts, q, p), branch, replacement=repl)[1]
+    return core.predicted_tokens(name, *arrays, branch, replacement=repl)[1]
 
 
 def predicted_block_efficiency(rule: str, beta: list[float]) -> float:
@@ -68,7 +69,8 @@ def optimal_block_efficiency(rule: str, rec, drafts: torch.Tensor, q: torch.Tens
 
 
 def conditional_block(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, branch: int) -> float:
-    """E[accepted + 1 | drafts] for block verification on these drafts: 1 + sum_i w_i."""
+    """E[accepted + 1 | drafts] for block verification on these drafts, exact from the block
+    rule's path law (:func:`coupling.sequence.predict.conditional_tokens`)."""
     return core.conditional_tokens("block", *_arrays(drafts, q, p), branch)
 
 
