@@ -6,7 +6,7 @@ attention mask, as a batch of ``k``). Four short functions do the work:
 
 ``prefill``      feed the prompt (all but its last token) into a model's KV cache.
 ``draft_block``  sample ``k`` branches of ``gamma`` tokens from the draft (k i.i.d. branches, or
-                 for ``rrs_wor`` / ``optimal_wor`` k *distinct* first tokens by successive sampling,
+                 with ``replacement=False`` k *distinct* first tokens by successive sampling,
                  each branch then a single chain), recording the exact laws ``q`` they came from.
 ``verify``       one target call on ``[pending tokens, branch tokens]`` for all k branches
                  (one row ``[pending, branch_0, .., branch_{k-1}]`` whose tokens see only their
@@ -56,8 +56,10 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from coupling.rules import RULES
+
 from .models import GROUPED_SDPA
-from .rules_adapter import MULTI_DRAFT_RULES, SINGLE_DRAFT_RULES
+from .rules_adapter import MULTI_DRAFT_RULES
 from .sampling import SamplingConfig, probs
 
 
@@ -562,6 +564,8 @@ class GenerationResult:
     seconds: float
     target_seconds: float
     draft_seconds: float
+    #: False when a lossy rule (``generate(lossy=True)``) made the tokens: not the target's law
+    lossless: bool = True
 
     @property
     def block_efficiency(self) -> float:
@@ -634,7 +638,7 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
              target: CachedLM | None = None, record_alpha: bool = True,
              predict: bool = False, on_step=None,
              tree_attention: bool | None = None,
-             draft_confidence: float | None = None) -> GenerationResult:
+             draft_confidence: float | None = None, lossy: bool = False) -> GenerationResult:
     """Speculative sampling of up to ``max_new_tokens`` tokens after ``prompt``.
 
     ``drafter=None`` or ``gamma=0`` gives plain autoregressive sampling through the same cache
@@ -662,17 +666,13 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
             and d_vocab != t_vocab:
         raise ValueError(f"the drafter's vocabulary has {d_vocab} tokens, the target's "
                          f"{t_vocab}: target and draft must share one tokenizer")
-    if rule in SINGLE_DRAFT_RULES and k != 1:
-        raise ValueError(f"rule {rule!r} verifies one draft, got k={k}; use k=1 (multi-draft: "
-                         f"{MULTI_DRAFT_RULES})")
     from . import rules_adapter
 
-    rules_adapter.check_available(rule)
+    rules_adapter.check_rule(rule, k, replacement, lossy=lossy)
+    if rule == rules_adapter.PLAIN and drafter is not None and gamma > 0:
+        raise ValueError(f"rule={rule!r} samples without drafts: pass gamma=0 or drafter=None, "
+                         "or a rule of coupling.rules.RULES to verify the drafts")
     rules_adapter.prepare(rule)
-    if not replacement and k > 1 and not rules_adapter.distinct_first(rule, False):
-        raise ValueError(f"replacement=False: rule {rule!r} verifies i.i.d. branches only; "
-                         "distinct first tokens are verified by rrs and optimal "
-                         "(or name rrs_wor / optimal_wor)")
     tlm = target or CachedLM(target_model)
     if tree_attention is None:
         tree_attention = supports_tree(tlm.model)
@@ -696,8 +696,8 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
     gen = torch.Generator(device=tlm.device).manual_seed(seed)
     seq = list(prompt)
     steps: list[StepRecord] = []
-    # rrs / optimal without replacement: k distinct first tokens (successive sampling from q_1)
-    distinct = rules_adapter.distinct_first(rule, replacement)
+    # without replacement: k distinct first tokens (successive sampling from q_1)
+    distinct = rules_adapter.distinct_first(replacement, k)
     excluded = 0.0
     while len(seq) - len(prompt) < max_new_tokens:
         position = len(seq)
@@ -758,8 +758,9 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
     if drafter is not None and gamma > 0:
         d_calls = getattr(drafter, "calls", 0) - d_calls0
         d_sec = getattr(drafter, "seconds", 0.0) - d_sec0
+    lossless = rule == rules_adapter.PLAIN or RULES[rule].lossless
     return GenerationResult(out, steps, tlm.calls, d_calls, time.perf_counter() - t0 - excluded,
-                            tlm.seconds, d_sec)
+                            tlm.seconds, d_sec, lossless)
 
 
 def autoregressive(target_model, prompt: list[int], *, max_new_tokens: int,
