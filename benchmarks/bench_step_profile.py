@@ -50,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from ab_common import add_run_args, demo_prompts
 
+    from coupling.llm import cache, drafters, models, rules_adapter
     from coupling.llm import engine as E
     from coupling.llm import feature_draft as FD
-    from coupling.llm import models, rules_adapter
     from coupling.llm.drafts import DRAFT_HEAD_TOKENS
     from coupling.llm.int8 import TARGET_QUANTS, quantize_target
     from coupling.torch_backend import chain
@@ -86,22 +86,23 @@ def main(argv: list[str] | None = None) -> int:
     acc: collections.Counter = collections.Counter()
     wrapped = (
             (E, "verify", "verify (target call, laws p, rule)"),
-            (E.CachedLM, "_call", "  target calls (prefills included)"),
+            (cache.CachedLM, "_call", "  target calls (prefills included)"),
             (E, "probs", "  laws p (sampling.probs)"),
             (rules_adapter, "decide", "  rule (rules_adapter.decide)"),
             (rules_adapter, "support", "    union support of p and q"),
             (chain, "check_inputs", "    input checks"),
             (chain, "emit_residual", "    residual / bonus draw"),
-            (E.CachedLM, "forward_tree", "  tree call (mask, target call)"),
-            (E.CachedLM, "select_branch", "  select_branch (cache copy)"),
-            (E.CachedLM, "sync", "cache sync"),
+            (cache.CachedLM, "forward_tree", "  tree call (mask, target call)"),
+            (cache.CachedLM, "select_branch", "  select_branch (cache copy)"),
+            (cache.CachedLM, "sync", "cache sync"),
             (E, "prefill", "prefill"),
+            (drafters, "prefill", "prefill"),
             (FD.FeatureDrafter, "propose", "draft (FeatureDrafter.propose)"),
             (FD.FeatureDrafter, "_feed", "  forward (features + head)"),
             (FD.FeatureDraft, "features", "    features"),
             (FD.FeatureDraft, "head_logits", "    head"),
             (FD.FeatureDraft, "law", "  law q"),
-            (E, "sample_chain", "  sampling"))
+            (drafters, "sample_chain", "  sampling"))
     for owner, name, label in wrapped:
         timed(owner, name, label, acc)
     tot = [0, 0.0, 0, 0.0, 0.0]

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from coupling.llm import accel, rules_adapter
+from coupling.llm import accel, cache, rules_adapter
 from coupling.llm import engine as E
 from coupling.llm import feature_draft as FD
 from coupling.llm import predict as P
@@ -398,7 +398,7 @@ def test_forward_tree_guards_and_the_batch_fallback(pair, monkeypatch):
     lm.select_branch(1)
     assert lm.tokens == [[1, 2, 3, 2]] and lm.cache.get_seq_length() == 4
     assert E.supports_tree(target)
-    monkeypatch.setattr(E, "TREE_MODEL_TYPES", ("gpt2",))
+    monkeypatch.setattr(cache, "TREE_MODEL_TYPES", ("gpt2",))
     assert not E.supports_tree(target)
     with pytest.raises(ValueError, match="tree_attention"):
         E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=4, rule="rrs", k=2,
@@ -655,8 +655,9 @@ def test_generate_validates_arguments(pair):
         E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=4, rule="nonsense")
     # what would run silently wrong (a negative gamma: plain sampling) or fail obscurely
     # (IndexError from the embedding, "Overflow when unpacking long long", TypeError)
-    bad = (({"gamma": -1}, "gamma=-1"), ({"max_new_tokens": 2.5}, "max_new_tokens=2.5"),
-           ({"k": 2.5}, "k=2.5"), ({"seed": 2**70}, "seed="))
+    bad = (({"gamma": -1}, "gamma must be an integer >= 0, got -1"),
+           ({"max_new_tokens": 2.5}, "max_new_tokens must be a positive integer, got 2.5"),
+           ({"k": 2.5}, "k must be a positive integer, got 2.5"), ({"seed": 2**70}, "seed="))
     for kwargs, msg in bad:
         with pytest.raises(ValueError, match=msg):
             E.generate(target, E.ModelDrafter(draft), PROMPT, **{"max_new_tokens": 4, **kwargs})
@@ -670,11 +671,11 @@ def test_generate_validates_arguments(pair):
             continue
         with pytest.raises(ValueError, match="share one tokenizer"):
             E.generate(target, drafter, PROMPT, max_new_tokens=4)
-    with pytest.raises(ValueError, match="k=0"):
+    with pytest.raises(ValueError, match="k must be a positive integer, got 0"):
         E.sample_chain(torch.full((1, V), 1 / V), None, None, 2, 0, torch.Generator())
-    with pytest.raises(ValueError, match="gamma=0"):
+    with pytest.raises(ValueError, match="gamma must be a positive integer, got 0"):
         E.sample_chain(torch.full((1, V), 1 / V), None, None, 0, 1, torch.Generator())
-    with pytest.raises(ValueError, match="gamma=-1"):
+    with pytest.raises(ValueError, match="gamma must be an integer >= 0, got -1"):
         E.NgramDrafter(V).propose(PROMPT, -1, 1, SamplingConfig(), torch.Generator())
     with pytest.raises(ValueError, match="vocab_size=3"):
         E.NgramDrafter(3).propose([5, 1, 5], 2, 1, SamplingConfig(), torch.Generator())
