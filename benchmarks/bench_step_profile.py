@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     from coupling.llm import feature_draft as FD
     from coupling.llm.drafts import DRAFT_HEAD_TOKENS
     from coupling.llm.int8 import TARGET_QUANTS, quantize_target
-    from coupling.torch_backend import chain
+    from coupling.rules import Rule
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rule", choices=rules_adapter.RULES, default="token")
@@ -90,8 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             (E, "probs", "  laws p (sampling.probs)"),
             (rules_adapter, "decide", "  rule (rules_adapter.decide)"),
             (rules_adapter, "support", "    union support of p and q"),
-            (chain, "check_inputs", "    input checks"),
-            (chain, "emit_residual", "    residual / bonus draw"),
+            (Rule, "verify_block", "    the rule's numpy core (Rule.verify_block)"),
             (cache.CachedLM, "forward_tree", "  tree call (mask, target call)"),
             (cache.CachedLM, "select_branch", "  select_branch (cache copy)"),
             (cache.CachedLM, "sync", "cache sync"),
