@@ -25,6 +25,21 @@ def add_run_args(ap) -> None:
     ap.add_argument("--threads", type=int, default=1)
 
 
+def rule_spec(text: str) -> tuple[str, int, bool]:
+    """``(rule, k, replacement)`` of ``rule``, ``rule:k`` (k i.i.d. branches) or
+    ``rule:k:distinct`` (k distinct first tokens), checked by the engine's
+    :func:`coupling.llm.rules_adapter.check_rule`."""
+    from coupling.llm.rules_adapter import check_rule
+
+    rule, _, rest = text.strip().partition(":")
+    k, _, law = rest.partition(":")
+    if law not in ("", "distinct") or (k and not k.isdigit()):
+        raise ValueError(f"rule spec {text!r}: write rule, rule:k or rule:k:distinct")
+    spec = (rule, int(k) if k else 1, law != "distinct")
+    check_rule(*spec)
+    return spec
+
+
 def demo_prompts(n: int):
     """The tokenizer, the demo's sampling settings (T = 0.7, top-k 50, top-p 0.95) and the
     first ``n`` demo prompts as chat token ids."""

@@ -42,7 +42,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 #: the rules that run fastest in the default demo (``coupling demo``; docs/RESULTS.md)
-BEST = "token_feature,rrs_wor_k2_feature"
+BEST = "token_feature,rrs_k2_distinct_feature"
 
 
 def arms(names: tuple[str, ...]) -> dict[str, tuple[str, ...]]:

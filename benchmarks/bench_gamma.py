@@ -16,8 +16,9 @@ the head subset ``drafts.DRAFT_HEAD_TOKENS``, its calibrated logit scale); ``--t
 int8`` quantizes the target after the draft took its shared tensors, as ``coupling demo
 --target-quant int8`` does.
 
-``--rules`` also takes multi-draft rules as ``rule:k`` (``rrs:2``, ``optimal_wor:2``: k branches
-verified as one row with tree attention, as the demo runs them), so the single- and multi-draft
+``--rules`` also takes multi-draft rules as ``rule:k`` (``rrs:2``: k i.i.d. branches) or
+``rule:k:distinct`` (``optimal:2:distinct``: k distinct first tokens, ``replacement=False``),
+verified as one row with tree attention as the demo runs them, so the single- and multi-draft
 rules can be compared at one gamma in one process. ``--predict on`` runs the engine as ``coupling
 demo`` does, with the coupling analysis after every step (its time is excluded from the timing,
 but it runs between the calls); ``both`` runs each method both ways.
@@ -27,7 +28,7 @@ Usage::
     python benchmarks/bench_gamma.py --target-quant int8
     python benchmarks/bench_gamma.py --gammas 1,2 --rules token --prompts 4
     python benchmarks/bench_gamma.py --target-quant int8 --threads 2 --gammas 1 \
-        --rules block,rrs:2,optimal_wor:2,rrs:4
+        --rules block,rrs:2,optimal:2:distinct,rrs:4
     python benchmarks/bench_gamma.py --target-quant int8 --threads 2 --gammas 2@0.8 \
         --rules block --dtypes bfloat16,float32
     python benchmarks/bench_gamma.py --target-quant none,int8 --threads 2 --gammas 2,2@0.8 \
@@ -50,7 +51,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-    from ab_common import add_run_args, demo_prompts, seeded_passes
+    from ab_common import add_run_args, demo_prompts, rule_spec, seeded_passes
 
     from coupling.llm import engine as E
     from coupling.llm import models
@@ -64,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
                          "the draft's first law peaks at c or more, else one "
                          "(generate(draft_confidence=c))")
     ap.add_argument("--rules", type=str, default="token,block",
-                    help="comma-separated rules; rule:k for k branches (multi-draft rules)")
+                    help="comma-separated rules; rule:k for k i.i.d. branches, rule:k:distinct "
+                         "for k distinct first tokens (multi-draft rules)")
     ap.add_argument("--predict", choices=("off", "on", "both"), default="off",
                     help="run the engine with the demo's per-step analysis (predict=True)")
     ap.add_argument("--target-quant", type=str, default="none",
@@ -95,11 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     target, draft = pairs[variants[0]]
     tok, cfg, prompts = demo_prompts(args.prompts)
 
-    def method(rule: str, k: int, gamma: int, conf: float | None, predict: bool, v):
+    def method(rule: str, k: int, repl: bool, gamma: int, conf: float | None, predict: bool, v):
         t, d = pairs[v]
         return lambda p, kw: E.generate(t, FeatureDrafter(d), p, rule=rule, k=k,
-                                        gamma=gamma, predict=predict, draft_confidence=conf,
-                                        **kw)
+                                        replacement=repl, gamma=gamma, predict=predict,
+                                        draft_confidence=conf, **kw)
 
     def tag(v) -> str:
         dt, q = v
@@ -110,16 +112,15 @@ def main(argv: list[str] | None = None) -> int:
         g, _, c = spec.partition("@")
         return int(g), (float(c) if c else None)
 
-    rules = [(r.split(":")[0], int(r.split(":")[1]) if ":" in r else 1)
-             for r in args.rules.split(",")]
+    rules = [rule_spec(r) for r in args.rules.split(",")]
     modes = {"off": (False,), "on": (True,), "both": (False, True)}[args.predict]
     # one group per method: the order of all of them rotates from prompt to prompt
     groups = [[(f"{tag(v)}gamma={g}{f'@{c:g}' if c is not None else ''} {rule}"
-                f"{f' k={k}' if k > 1 else ''}"
+                f"{f' k={k}' if k > 1 else ''}{'' if repl else ' distinct'}"
                 f"{' predict' if pr and args.predict == 'both' else ''}",
-                method(rule, k, g, c, pr, v))]
+                method(rule, k, repl, g, c, pr, v))]
               for v in variants
-              for g, c in map(length, args.gammas.split(",")) for rule, k in rules
+              for g, c in map(length, args.gammas.split(",")) for rule, k, repl in rules
               for pr in modes]
     groups += [[(f"autoregressive {tag(v)}".rstrip(),
                  lambda p, kw, t=pairs[v][0]: E.autoregressive(t, p, **kw))]

@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
               "(target >= 0)")
     for n, v in checks["block_minus_token_same_drafts"].items():
         print(f"  block - token on the same drafts ({n} run, exact conditional): {v:+.4f} "
-              "(>= 0 by the w identity)")
+              "(>= 0 in expectation over the drafts)")
     if dargs.plot:
         demo.plot(res, dargs.plot)
         print(f"wrote {dargs.plot}")

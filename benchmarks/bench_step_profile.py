@@ -17,7 +17,8 @@ Usage::
     python benchmarks/bench_step_profile.py --rule block --gamma 2 --prompts 8
     python benchmarks/bench_step_profile.py --target-quant int8 --threads 2 --gamma 2 \
         --draft-confidence 0.8 --rule block
-    python benchmarks/bench_step_profile.py --target-quant int8 --threads 2 --rule optimal_wor --k 2
+    python benchmarks/bench_step_profile.py --target-quant int8 --threads 2 --rule optimal --k 2 \
+        --distinct
 """
 
 from __future__ import annotations
@@ -49,16 +50,18 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     from ab_common import add_run_args, demo_prompts
 
+    from coupling.llm import cache, drafters, models, rules_adapter
     from coupling.llm import engine as E
     from coupling.llm import feature_draft as FD
-    from coupling.llm import models, rules_adapter
     from coupling.llm.drafts import DRAFT_HEAD_TOKENS
     from coupling.llm.int8 import TARGET_QUANTS, quantize_target
-    from coupling.torch_backend import chain
+    from coupling.rules import Rule
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rule", choices=rules_adapter.RULES, default="token")
     ap.add_argument("--k", type=int, default=1, help="branches (multi-draft rules)")
+    ap.add_argument("--distinct", action="store_true",
+                    help="k distinct first tokens (replacement=False) instead of i.i.d. ones")
     ap.add_argument("--gamma", type=int, default=1)
     ap.add_argument("--draft-confidence", type=float, default=None,
                     help="gamma tokens only where the draft's first law peaks at this or more "
@@ -76,28 +79,29 @@ def main(argv: list[str] | None = None) -> int:
     quantize_target(target, args.target_quant)
     tok, cfg, prompts = demo_prompts(args.prompts)
     kw = dict(max_new_tokens=args.max_new_tokens, cfg=cfg, eos_token_id=tok.eos_token_id,
-              rule=args.rule, gamma=args.gamma, k=args.k, draft_confidence=args.draft_confidence)
+              rule=args.rule, gamma=args.gamma, k=args.k, replacement=not args.distinct,
+              draft_confidence=args.draft_confidence)
     E.generate(target, FD.FeatureDrafter(draft), prompts[0], seed=0, **kw)     # warm up
 
     acc: collections.Counter = collections.Counter()
     wrapped = (
             (E, "verify", "verify (target call, laws p, rule)"),
-            (E.CachedLM, "_call", "  target calls (prefills included)"),
+            (cache.CachedLM, "_call", "  target calls (prefills included)"),
             (E, "probs", "  laws p (sampling.probs)"),
             (rules_adapter, "decide", "  rule (rules_adapter.decide)"),
             (rules_adapter, "support", "    union support of p and q"),
-            (chain, "check_inputs", "    input checks"),
-            (chain, "emit_residual", "    residual / bonus draw"),
-            (E.CachedLM, "forward_tree", "  tree call (mask, target call)"),
-            (E.CachedLM, "select_branch", "  select_branch (cache copy)"),
-            (E.CachedLM, "sync", "cache sync"),
+            (Rule, "verify_block", "    the rule's numpy core (Rule.verify_block)"),
+            (cache.CachedLM, "forward_tree", "  tree call (mask, target call)"),
+            (cache.CachedLM, "select_branch", "  select_branch (cache copy)"),
+            (cache.CachedLM, "sync", "cache sync"),
             (E, "prefill", "prefill"),
+            (drafters, "prefill", "prefill"),
             (FD.FeatureDrafter, "propose", "draft (FeatureDrafter.propose)"),
             (FD.FeatureDrafter, "_feed", "  forward (features + head)"),
             (FD.FeatureDraft, "features", "    features"),
             (FD.FeatureDraft, "head_logits", "    head"),
             (FD.FeatureDraft, "law", "  law q"),
-            (E, "sample_chain", "  sampling"))
+            (drafters, "sample_chain", "  sampling"))
     for owner, name, label in wrapped:
         timed(owner, name, label, acc)
     tot = [0, 0.0, 0, 0.0, 0.0]
@@ -108,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
             tot[j] += v
     n = tot[2]
     gate = "" if args.draft_confidence is None else f" gated at {args.draft_confidence}"
-    print(f"rule {args.rule}, k {args.k}, gamma {args.gamma}{gate}, "
+    print(f"rule {args.rule}, k {args.k}{' distinct' if args.distinct else ''}, "
+          f"gamma {args.gamma}{gate}, "
           f"feature draft (int8, {head}-token head), "
           f"target bf16{', ' if args.target_quant != 'none' else ''}"
           f"{TARGET_QUANTS[args.target_quant]}, "

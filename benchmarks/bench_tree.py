@@ -29,7 +29,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-    from ab_common import add_run_args, demo_prompts, print_table, rotated_runs
+    from ab_common import add_run_args, demo_prompts, print_table, rotated_runs, rule_spec
 
     from coupling.llm import engine as E
     from coupling.llm import models
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rules", type=str, default="rrs:2,rrs:4",
-                    help="comma-separated rule:k multi-draft methods")
+                    help="comma-separated multi-draft methods, rule:k or rule:k:distinct")
     ap.add_argument("--gamma", type=int, default=2)
     add_run_args(ap)
     args = ap.parse_args(argv)
@@ -47,16 +47,17 @@ def main(argv: list[str] | None = None) -> int:
     target = models.load_target("bfloat16")
     tok, cfg, prompts = demo_prompts(args.prompts)
     draft = load_feature_draft(target, head_tokens=DRAFT_HEAD_TOKENS, int8=True)
-    def method(rule: str, k: int, tree: bool):
+    def method(rule: str, k: int, repl: bool, tree: bool):
         return lambda p, kw: E.generate(target, FeatureDrafter(draft), p, rule=rule,
-                                        gamma=args.gamma, k=k, tree_attention=tree, **kw)
+                                        gamma=args.gamma, k=k, replacement=repl,
+                                        tree_attention=tree, **kw)
 
-    groups = [[("block", method("block", 1, False))]]
+    groups = [[("block", method("block", 1, True, False))]]
     for spec in args.rules.split(","):
-        rule, k = spec.split(":")
+        rule, k, repl = rule_spec(spec)
         for tree in (True, False):
-            groups.append([(f"{rule} k={k} {'tree' if tree else 'batch'}",
-                            method(rule, int(k), tree))])
+            groups.append([(f"{rule} k={k}{'' if repl else ' distinct'} "
+                            f"{'tree' if tree else 'batch'}", method(rule, k, repl, tree))])
     tot = rotated_runs(target, prompts, groups, cfg=cfg, max_new_tokens=args.max_new_tokens,
                        eos_token_id=tok.eos_token_id)
     print(f"feature draft (int8, {DRAFT_HEAD_TOKENS}-token head, "

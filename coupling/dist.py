@@ -146,12 +146,12 @@ def tv(p: ArrayLike, q: ArrayLike) -> float:
     return 0.5 * float(np.abs(pa - qa).sum())
 
 
-def validate_count(value: int, name: str, what: str = "") -> int:
-    """Return ``value`` as an int >= 1, else ``ValueError`` naming ``name`` (``what`` says what
-    it counts). Bools are refused: ``True`` would read as 1."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer{' ' + what if what else ''}, "
-                         f"got {value!r}")
+def validate_count(value: int, name: str, what: str = "", *, minimum: int = 1) -> int:
+    """Return ``value`` as an int >= ``minimum`` (1 by default), else ``ValueError`` naming
+    ``name`` (``what`` says what it counts). Bools are refused: ``True`` would read as 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        kind = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name} must be {kind}{' ' + what if what else ''}, got {value!r}")
     return int(value)
 
 

@@ -126,3 +126,20 @@ def test_an_unset_gamma_is_two_and_gated_only_on_the_int8_target(monkeypatch):
     assert (args.gamma, args.draft_confidence) == (2, 0.8)
     args.gamma = 5
     assert resolve_auto(args).gamma == 5                      # resolved once
+
+
+def test_demo_methods_are_specs_of_lossless_rules():
+    """A method is (rule, k, replacement, drafter) over the registry's lossless rules; its
+    label is derived from the spec, and what the rule does not take is refused by name."""
+    from coupling.llm.demo import FULL, QUICK, Method
+
+    labels = [m.label for m in FULL]
+    assert len(set(labels)) == len(labels) and set(QUICK) <= set(labels)
+    assert Method("engine", "rrs", 2, replacement=False, drafter="feature").label == \
+        "rrs_k2_distinct_feature"
+    for spec, msg in ((dict(rule="typical"), "lossless"), (dict(rule="relaxed", k=2), "lossless"),
+                      (dict(rule="rrs_wor", k=2), "lossless"),
+                      (dict(rule="kseq", k=2, replacement=False), "replacement=False"),
+                      (dict(rule="token", drafter="oracle"), "drafter=")):
+        with pytest.raises(ValueError, match=msg):
+            Method("engine", **spec)

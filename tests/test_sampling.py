@@ -116,7 +116,7 @@ def test_top_k_window_path_falls_back_on_a_long_tie_run():
 
 def test_draft_sampler_never_returns_zero_probability_tokens_and_has_the_right_law():
     q = torch.tensor([[0.0, 0.5, 0.0, 0.25, 0.25]] * 20000)
-    x = E._sample_rows(q, torch.Generator().manual_seed(0))
+    x = E.draw_rows(q, torch.Generator().manual_seed(0))
     counts = np.bincount(x.numpy(), minlength=5)
     assert counts[0] == counts[2] == 0
     assert stats.chisquare(counts[[1, 3, 4]], 20000 * np.array([0.5, 0.25, 0.25])).pvalue > 1e-3
@@ -213,10 +213,10 @@ def test_native_laws_are_off_where_a_gradient_is_needed():
 @given(st.integers(1, 4), st.integers(1, 300), st.floats(0.0, 0.95), st.integers(0, 2**31 - 1))
 def test_native_inverse_cdf_draws_the_torch_draws(rows, V, zeros, seed):
     """The compiled ``inverse_cdf`` is the float64 cumsum + searchsorted draw, bit for bit:
-    the engine's drafts (``engine._sample_rows``, generator uniforms) and
+    the engine's drafts (``engine.draw_rows``, generator uniforms) and
     ``sampling.sample_rows`` (the plain sampler's), against the backend's torch
     ``sample_rows``."""
-    from coupling.torch_backend._common import sample_rows
+    from coupling.torch_backend.common import sample_rows
 
     compiled_or_skip("inverse_cdf")
     g = torch.Generator().manual_seed(seed)
@@ -226,11 +226,11 @@ def test_native_inverse_cdf_draws_the_torch_draws(rows, V, zeros, seed):
     u = torch.rand(rows, generator=g, dtype=torch.float64)
     u[0] = 1.0 - 2.0 ** -53 if seed % 2 else 0.0                # the edges
     fast = sampling.sample_rows(w, u)
-    fast_e = E._sample_rows(w, torch.Generator().manual_seed(seed))
+    fast_e = E.draw_rows(w, torch.Generator().manual_seed(seed))
     assert torch.equal(fast, sample_rows(w, u))
     with accel.disabled("inverse_cdf"):
         assert torch.equal(fast, sampling.sample_rows(w, u))
-        assert torch.equal(fast_e, E._sample_rows(w, torch.Generator().manual_seed(seed)))
+        assert torch.equal(fast_e, E.draw_rows(w, torch.Generator().manual_seed(seed)))
     assert bool((w.gather(1, fast[:, None]) > 0).all())
 
 

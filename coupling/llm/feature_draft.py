@@ -319,7 +319,7 @@ class FeatureDrafter:
     """Engine drafter around a :class:`FeatureDraft`; reads the target's features.
 
     :func:`coupling.llm.engine.generate` sees ``needs_target_features`` and makes the target's
-    :class:`~coupling.llm.engine.CachedLM` keep its final hidden states; ``bind`` hands that
+    :class:`~coupling.llm.cache.CachedLM` keep its final hidden states; ``bind`` hands that
     ``CachedLM`` over. The draft cache holds pairs ``(x_i, f_{i-1})``, i >= 1, at position
     ``i - 1``; only pairs fed with the *target's* features survive from one call to the next
     (drafted pairs carry predicted features and are cropped away).
@@ -362,7 +362,8 @@ class FeatureDrafter:
     @torch.no_grad()
     def propose(self, seq, gamma, k, cfg: SamplingConfig, gen, *, distinct_first=False,
                 gumbel=None, confidence=None):
-        from .engine import common_prefix, sample_chain
+        from .cache import common_prefix
+        from .drafters import sample_chain
 
         if self.target is None:
             raise RuntimeError("FeatureDrafter.bind(target) was not called; use engine.generate")

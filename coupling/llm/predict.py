@@ -8,7 +8,7 @@ import torch
 
 from coupling.sequence import predict as core
 
-from .rules_adapter import backend_rule, check_rule
+from .rules_adapter import PLAIN, check_rule
 
 
 def _arrays(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor):
@@ -19,6 +19,14 @@ def _arrays(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor):
         raise ValueError(f"drafts must hold integer token ids, got dtype {drafts.dtype}")
     return (drafts.detach().cpu().numpy(), p.detach().cpu().numpy(),
             q.detach().cpu().numpy())
+
+
+def _check(rule: str, k: int = 1, replacement: bool = True) -> None:
+    """:func:`check_rule` for a verified step: a rule of the registry, never plain sampling."""
+    if rule == PLAIN:
+        raise ValueError(f"rule={PLAIN!r} verifies nothing: predictions need a rule of "
+                         "coupling.rules.RULES")
+    check_rule(rule, k, replacement, lossy=True)
 
 
 def compose(beta: list[float] | np.ndarray) -> float:
@@ -33,42 +41,43 @@ def compose(beta: list[float] | np.ndarray) -> float:
 def check_step(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
                branch: int) -> None:
     """Validate one step's record (:func:`coupling.sequence.predict.check_record`)."""
-    check_rule(rule)
+    _check(rule)
     core.check_record(*_arrays(drafts, q, p), branch)
 
 
 def step_beta(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, branch: int,
               k: int, replacement: bool = True) -> list[float]:
     """Per-position acceptances along the chosen branch (block: its weights w_1..w_g)."""
-    check_rule(rule)
+    _check(rule)
+    arrays = _arrays(drafts, q, p)
     if k != drafts.shape[0]:
         raise ValueError(f"k={k!r} must equal the number of branches drafts holds, "
                          f"{drafts.shape[0]}")
-    name, repl = backend_rule(rule, replacement)
-    return core.predicted_tokens(name, *_arrays(drafts, q, p), branch, replacement=repl)[1]
+    _check(rule, k, replacement)
+    return core.predicted_tokens(rule, *arrays, branch, replacement=replacement)[1]
 
 
 def predicted_block_efficiency(rule: str, beta: list[float]) -> float:
     """The step's predicted tokens per target call from :func:`step_beta`'s output."""
     from coupling.rules import RULES
 
-    check_rule(rule)
-    return RULES[backend_rule(rule)[0]].expected_tokens(beta)
+    _check(rule)
+    return RULES[rule].expected_tokens(beta)
 
 
 def optimal_block_efficiency(rule: str, rec, drafts: torch.Tensor, q: torch.Tensor,
                              p: torch.Tensor, branch: int, replacement: bool = True) -> float:
     """Tokens per call the LP-optimal verifier of the rule's draft law predicts on the step."""
-    check_rule(rule)
-    name, repl = backend_rule(rule, replacement)
-    if name == "optimal":
+    _check(rule)
+    if rule == "optimal":
         check_step(rule, drafts, q, p, branch)
         return rec.predicted
-    return core.optimal_tokens(*_arrays(drafts, q, p), branch, replacement=repl)
+    return core.optimal_tokens(*_arrays(drafts, q, p), branch, replacement=replacement)
 
 
 def conditional_block(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, branch: int) -> float:
-    """E[accepted + 1 | drafts] for block verification on these drafts: 1 + sum_i w_i."""
+    """E[accepted + 1 | drafts] for block verification on these drafts, exact from the block
+    rule's path law (:func:`coupling.sequence.predict.conditional_tokens`)."""
     return core.conditional_tokens("block", *_arrays(drafts, q, p), branch)
 
 

@@ -17,63 +17,86 @@ position with that same plain-sampling uniform.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
 from coupling import keyed
+from coupling.dist import tuple_law, validate_k, validate_replacement
 from coupling.rules import RULES
 
 PLAIN = "plain"
 
-#: engine rule names that verify one draft chain (k = 1) and those that verify k branches
+#: rules that verify one draft chain (k = 1) and those that verify k branches
 SINGLE_DRAFT_RULES = tuple(n for n, r in RULES.items() if r.max_drafts == 1)
-MULTI_DRAFT_RULES = tuple(n for n, r in RULES.items() if r.max_drafts != 1) + ("rrs_wor",
-                                                                               "optimal_wor")
-#: every rule name the engine takes
-RULES_ENGINE = SINGLE_DRAFT_RULES + MULTI_DRAFT_RULES
+MULTI_DRAFT_RULES = tuple(n for n, r in RULES.items() if r.max_drafts != 1)
 #: rules whose verifier emits the target's keyed Gumbel-max token (fed the keyed noise, not
 #: uniforms): gls's list columns live on the drafter's side, its verifier is gumbel's
 GUMBEL_NOISE_RULES = ("gumbel", "gls")
-#: engine rule names whose k branches start with k *distinct* tokens (successive sampling from
-#: q_1), and the rule that checks them with ``replacement=False``
-WITHOUT_REPLACEMENT = {"rrs_wor": "rrs", "optimal_wor": "optimal"}
 
 
-def backend_rule(rule: str, replacement: bool = True) -> tuple[str, bool]:
-    """(rule, replacement) of an engine rule name: ``rrs_wor`` and ``optimal_wor`` are
-    ``rrs`` / ``optimal`` with ``replacement=False``; other names pass ``replacement`` on."""
-    if rule in WITHOUT_REPLACEMENT:
-        return WITHOUT_REPLACEMENT[rule], False
-    return rule, replacement
+def check_rule(rule: str, k: int = 1, replacement: bool = True, *,
+               lossy: bool = False) -> None:
+    """``ValueError`` unless the engine runs ``rule`` on ``k`` branches of this draft law.
+
+    ``rule`` is a name of :data:`coupling.rules.RULES` (or ``"plain"``: plain sampling); the
+    rule must take ``k`` drafts with ``replacement`` (i.i.d. branches, or ``False``: k
+    distinct first tokens by successive sampling), which are the only draft laws the
+    engine's drafters draw: a rule with a draft law of its own (greedy's top tokens, spechub's
+    hub) is refused at any ``k`` where that law differs from both. A lossy rule
+    (``lossless`` False) runs only with ``lossy=True``, the caller's label that its output is
+    not the target's law.
+    """
+    if rule == PLAIN:
+        return
+    if not isinstance(rule, str) or rule not in RULES:
+        raise ValueError(f"rule={rule!r}: choose one of {', '.join(RULES)} (or {PLAIN!r})")
+    r = RULES[rule]
+    k, replacement = validate_k(k), validate_replacement(replacement)
+    if not r.supports(k, replacement):
+        raise ValueError(f"rule={rule!r} does not take k={k}, replacement={replacement}: "
+                         f"{r.support_text}")
+    if not drafts_like_the_engine(rule, k, replacement):
+        raise ValueError(f"rule={rule!r} at k={k} verifies drafts of its own law ({r.title}); "
+                         "the engine's drafters draw i.i.d. or distinct branches from q, so "
+                         "they cannot feed it: use k=1 or another rule")
+    if not r.lossless and not lossy:
+        raise ValueError(f"rule={rule!r} is lossy: its output is not the target's law "
+                         f"(RULES[{rule!r}].distortion gives by how much); pass lossy=True to "
+                         "run it labelled lossy")
 
 
-def distinct_first(rule: str, replacement: bool = True) -> bool:
-    """Whether the drafter must draw the k first tokens without replacement for this rule."""
-    name, repl = backend_rule(rule, replacement)
-    return name in RULES and False in RULES[name].draft_laws and not repl
+@functools.cache
+def drafts_like_the_engine(rule: str, k: int, replacement: bool) -> bool:
+    """Whether ``RULES[rule].draft_law`` at ``(k, replacement)`` is the tuple law the engine
+    draws (:func:`coupling.dist.tuple_law`: i.i.d., or successive sampling).
+
+    Compared exactly on a probe law with distinct probabilities, at ``n = min(k, 6)`` drafts
+    over ``n + 1`` tokens for distinct drafts (the enumeration has ``(n + 1)!`` tuples; on
+    ``n`` tokens a hub law and successive sampling coincide at n = 2) and 2 for i.i.d. ones."""
+    if k == 1 or RULES[rule].unit == "block":
+        return True    # one draft is a draw from q; a block rule judges trees drawn from q
+    n = min(k, 6)
+    q = np.arange(2 if replacement else n + 1, 0, -1, dtype=np.float64) ** 2
+    q /= q.sum()
+    got, want = (
+        {tuple(t): w for t, w in zip(tuples.tolist(), probs.tolist(), strict=True) if w > 0}
+        for tuples, probs in (RULES[rule].draft_law(q, n, replacement=replacement),
+                              tuple_law(q, n, replacement=replacement)))
+    return got.keys() == want.keys() and all(abs(got[t] - want[t]) <= 1e-12 for t in got)
 
 
-def check_rule(rule: str) -> None:
-    """``ValueError`` unless ``rule`` is an engine rule name."""
-    if rule not in RULES_ENGINE:
-        raise ValueError(f"rule={rule!r}: choose one of {', '.join(RULES_ENGINE)}")
-
-
-def available() -> dict[str, str | None]:
-    """rule name -> None (every rule of the registry has its numpy core and its twin)."""
-    return {r: None for r in RULES_ENGINE}
-
-
-def check_available(rule: str) -> None:
-    if rule != PLAIN:
-        check_rule(rule)
+def distinct_first(replacement: bool, k: int) -> bool:
+    """Whether the drafter draws the k first tokens without replacement."""
+    return not replacement and k > 1
 
 
 def prepare(rule: str) -> None:
     """Import what a rule's rare paths need, before a run times anything: the optimal rules
     solve a part of their plan by POT's LP where its closed form fails (about 1 call in 100
     on real laws), and importing POT then would cost 0.4 s in the middle of a run."""
-    if rule != PLAIN and backend_rule(rule)[0] == "optimal":
+    if rule == "optimal":
         import ot  # noqa: F401
 
 
@@ -123,14 +146,17 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
     x 50 under top-k 50, against V = 49152), renumbered in vocabulary order, and map its
     tokens back. The rules read p and q only through their values and sample residuals by
     inverse CDF in vocabulary order, where tokens of zero mass add nothing, so the decisions
-    are those on the full vocabulary (``tests/test_llm.py`` checks it rule by rule).
+    are those on the full vocabulary (``tests/test_engine.py`` checks it rule by rule).
     ``gumbel``, the one rule keyed by token ids, gets the keyed noise of the kept tokens
     (the very entries of the full vectors).
     """
     from coupling.torch_backend import check_inputs
 
-    name, repl = backend_rule(rule, replacement)
-    check_rule(rule)
+    if rule == PLAIN:
+        raise ValueError(f"rule={PLAIN!r} samples without drafts; decide needs a rule of "
+                         "coupling.rules.RULES")
+    # lossy rules are labelled by the caller (generate's lossy=); decide verifies what it gets
+    check_rule(rule, drafts.shape[0] if drafts.dim() == 2 else 1, replacement, lossy=True)
     # what compression would blur: the ids' type and the shared vocabulary (the rule checks
     # every other shape and value, on the compressed laws)
     if drafts.dtype.is_floating_point or drafts.dtype == torch.bool:
@@ -149,14 +175,14 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
             raise ValueError(_OFF_SUPPORT)
         drafts, p, q = x, p[..., idx], q[..., idx]
     if p.device.type == "cpu":
-        m, c, y = _decide_numpy(name, repl, drafts, p, q, seed, position, idx)
+        m, c, y = _decide_numpy(rule, replacement, drafts, p, q, seed, position, idx)
         toks = drafts[c, :m].tolist() + [y]
     else:
         check_inputs(drafts[None], p[None], q[None], seed, position)
-        kwargs = {"replacement": repl}
-        if name in GUMBEL_NOISE_RULES:
+        kwargs = {"replacement": replacement}
+        if rule in GUMBEL_NOISE_RULES:
             kwargs["noise"] = _gumbel_noise_torch(seed, position, drafts.shape[1], V, idx, p)
-        verdict = RULES[name].torch.verify(drafts[None], p[None], q[None], seeds=seed,
+        verdict = RULES[rule].torch.verify(drafts[None], p[None], q[None], seeds=seed,
                                            positions=position, **kwargs)
         m, c = int(verdict.accepted[0]), int(verdict.branch[0])
         toks = verdict.tokens[0, : m + 1].tolist()

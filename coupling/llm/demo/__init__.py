@@ -5,8 +5,9 @@ target generates with
 
 * plain autoregressive sampling (one target call per token; same cache code as the engine),
 * Hugging Face ``generate(assistant_model=draft, do_sample=True)`` with the very same draft,
-* the engine with each verification rule of :mod:`coupling.torch_backend` (rules the backend
-  lacks are skipped with the reason printed),
+* the engine with lossless verification rules of :data:`coupling.rules.RULES`, each method a
+  ``(rule, k, replacement, drafter)`` spec (:class:`Method`; a method that fails its warm-up
+  is skipped with the reason printed),
 
 all with the same sampling settings and per-prompt seeds, methods interleaved prompt by prompt
 and their order rotated from prompt to prompt (so machine-load drift hits every method alike).

@@ -146,24 +146,16 @@ def drafter_for(mdl: Models, m: Method):
 
 
 def runnable(methods: list[Method], skipped: dict[str, str], warm) -> list[Method]:
-    """The methods the backend provides and that survive a warm-up generation
-    (``warm(m)``, untimed: first calls allocate and build kernels); the others go to
-    ``skipped`` with the reason, printed."""
-    from .. import rules_adapter
-
-    avail = rules_adapter.available()
+    """The methods that survive a warm-up generation (``warm(m)``, untimed: first calls
+    allocate and build kernels); the others go to ``skipped`` with the reason, printed."""
     out = []
     for m in methods:
-        why = avail.get(m.rule) if m.kind == "engine" else None
-        if why is None:
-            try:
-                warm(m)
-                out.append(m)
-                continue
-            except Exception as exc:  # a backend rule that fails at run time is skipped, loudly
-                why = f"{type(exc).__name__}: {exc}"
-        skipped[m.label] = why
-        print(f"[skip] {m.label}: {why}")
+        try:
+            warm(m)
+            out.append(m)
+        except Exception as exc:  # a method that fails at run time is skipped, loudly
+            skipped[m.label] = f"{type(exc).__name__}: {exc}"
+            print(f"[skip] {m.label}: {skipped[m.label]}")
     return out
 
 
@@ -214,7 +206,8 @@ def rule_row(m: Method, a: Totals, ar: Totals, gamma: int) -> dict:
     cond = [s.conditional for s in steps if not math.isnan(s.conditional)]
     paired = [s.block_on_drafts for s in steps if not math.isnan(s.block_on_drafts)]
     return {
-        "rule": m.rule, "k": m.k, "drafter": m.drafter, "gamma": gamma,
+        "rule": m.rule, "k": m.k, "replacement": m.replacement, "drafter": m.drafter,
+        "gamma": gamma,
         "block_efficiency": float(np.mean([s.accepted + 1 for s in steps])),
         "predicted_block_efficiency": float(np.mean([s.predicted for s in steps])),
         "optimal_predicted_block_efficiency": (

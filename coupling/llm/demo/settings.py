@@ -14,39 +14,71 @@ INT8_DRAFT_CONFIDENCE = 0.8
 
 @dataclass(frozen=True)
 class Method:
-    label: str
+    """One line of the demo: a baseline (``kind`` "ar" or "hf") or the engine running
+    ``rule`` (a lossless rule of :data:`coupling.rules.RULES`) on ``k`` branches drawn
+    i.i.d. or, with ``replacement=False``, with k distinct first tokens, from ``drafter``
+    ("trained", "feature" or "ngram")."""
+
     kind: str          # "ar" | "hf" | "engine"
     rule: str = ""
     k: int = 1
-    drafter: str = "trained"
     replacement: bool = True
+    drafter: str = "trained"
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("ar", "hf", "engine"):
+            raise ValueError(f"kind={self.kind!r}: choose ar, hf or engine")
+        if self.kind != "engine":
+            return
+        from coupling.rules import RULES
+
+        if self.rule not in RULES or not RULES[self.rule].lossless:
+            lossless = [n for n, r in RULES.items() if r.lossless]
+            raise ValueError(f"rule={self.rule!r}: the demo compares lossless rules, one of "
+                             f"{', '.join(lossless)}")
+        if not RULES[self.rule].supports(self.k, self.replacement):
+            raise ValueError(f"rule={self.rule!r} does not take k={self.k}, "
+                             f"replacement={self.replacement}: {RULES[self.rule].support_text}")
+        if self.drafter not in ("trained", "feature", "ngram"):
+            raise ValueError(f"drafter={self.drafter!r}: choose trained, feature or ngram")
+
+    @property
+    def label(self) -> str:
+        """The name ``--methods`` takes and the results use: the rule, ``_k{k}`` for k > 1,
+        ``_distinct`` for distinct first tokens, ``_{drafter}`` for a drafter other than the
+        trained one (``rrs_k2_distinct_feature``)."""
+        if self.kind != "engine":
+            return {"ar": "autoregressive", "hf": "hf_assisted"}[self.kind]
+        return (self.rule + (f"_k{self.k}" if self.k > 1 else "")
+                + ("" if self.replacement else "_distinct")
+                + ("" if self.drafter == "trained" else f"_{self.drafter}"))
 
 
 FULL = [
-    Method("autoregressive", "ar"),
-    Method("hf_assisted", "hf"),
-    Method("token", "engine", "token", 1),
-    Method("block", "engine", "block", 1),
-    Method("kseq_k2", "engine", "kseq", 2),
-    Method("kseq_k4", "engine", "kseq", 4),
-    Method("rrs_k2", "engine", "rrs", 2),
-    Method("rrs_k4", "engine", "rrs", 4),
+    Method("ar"),
+    Method("hf"),
+    Method("engine", "token"),
+    Method("engine", "block"),
+    Method("engine", "kseq", 2),
+    Method("engine", "kseq", 4),
+    Method("engine", "rrs", 2),
+    Method("engine", "rrs", 4),
     # the exact optimal *sampler* at k = 2 (an LP per call over the laws' support); at k = 4
     # that LP has U^4 draft tuples (6e7 plan entries on the demo's laws), so the optimum
     # appears as the kseq / rrs rows' "BE opt" column instead (coupling.llm.predict)
-    Method("optimal_k2", "engine", "optimal", 2),
-    Method("gumbel", "engine", "gumbel", 1),
-    Method("token_ngram", "engine", "token", 1, drafter="ngram"),
+    Method("engine", "optimal", 2),
+    Method("engine", "gumbel"),
+    Method("engine", "token", drafter="ngram"),
     # feature-level (EAGLE-style) draft: reads the target's hidden states, so HF assisted
     # generation cannot run it (coupling.llm.feature_draft)
-    Method("token_feature", "engine", "token", 1, drafter="feature"),
-    Method("block_feature", "engine", "block", 1, drafter="feature"),
-    Method("rrs_k2_feature", "engine", "rrs", 2, drafter="feature"),
+    Method("engine", "token", drafter="feature"),
+    Method("engine", "block", drafter="feature"),
+    Method("engine", "rrs", 2, drafter="feature"),
     # two *distinct* first tokens (successive sampling), verified by rrs and by the exact
     # optimum for that draft law
-    Method("rrs_wor_k2_feature", "engine", "rrs_wor", 2, drafter="feature"),
-    Method("optimal_wor_k2_feature", "engine", "optimal_wor", 2, drafter="feature"),
-    Method("gumbel_feature", "engine", "gumbel", 1, drafter="feature"),
+    Method("engine", "rrs", 2, replacement=False, drafter="feature"),
+    Method("engine", "optimal", 2, replacement=False, drafter="feature"),
+    Method("engine", "gumbel", drafter="feature"),
 ]
 QUICK = ["autoregressive", "hf_assisted", "token", "block", "kseq_k2", "gumbel",
          "block_feature"]
