@@ -37,7 +37,8 @@ the allocation before the call.
 Run: ``python benchmarks/bench_twins.py`` (1 thread; ``--threads``; about 15 minutes on 2
 shared cores), ``--batches 64 --k 4 --laws softmax`` for one configuration, ``--vocab 512``
 for a smoke run, ``--device cuda`` (``--target-step`` adds each twin's share of the real
-target's verification call), ``--no-memory`` / ``--memory`` for one table.
+target's verification call), ``--no-memory`` / ``--memory`` for one table, ``--rules
+token,block`` for some rules.
 """
 
 from __future__ import annotations
@@ -189,7 +190,8 @@ def own_roots(rule, d: torch.Tensor, q: torch.Tensor, gen: torch.Generator) -> t
     return d
 
 
-def cases(B: int, k: int, g: int, V: int, kind: str, device: str, gen: torch.Generator):
+def cases(B: int, k: int, g: int, V: int, kind: str, device: str, gen: torch.Generator,
+          only: set[str] | None = None):
     """``(rule, k, twin call, baseline call, p's float32 MiB)`` for every row of
     :func:`configurations`."""
     trees = {False: make_tree(B, k, g, V, kind, gen),
@@ -197,6 +199,8 @@ def cases(B: int, k: int, g: int, V: int, kind: str, device: str, gen: torch.Gen
     trees = {key: tuple(t.to(device) for t in tree) for key, tree in trees.items()}
     bgen = torch.Generator(device=device).manual_seed(1)
     for name, kk in configurations(k):
+        if only and name not in only:
+            continue
         d, p, q, seeds, pos = trees[name == "gumbel"]
         d, p, q = d[:, :kk], p[:, :kk], q[:, :kk]
         rule = RULES[name]
@@ -237,10 +241,11 @@ class TargetSteps:
 
 
 def run(B: int, k: int, g: int, V: int, kind: str, device: str, repeats: int,
-        gen: torch.Generator, memory: bool = False, steps: TargetSteps | None = None) -> None:
+        gen: torch.Generator, memory: bool = False, steps: TargetSteps | None = None,
+        only: set[str] | None = None) -> None:
     """Print the rows of one (laws, B): timings, or with ``memory`` the peaks."""
     clock = Clock(device)
-    for name, kk, twin, base, p_mib in cases(B, k, g, V, kind, device, gen):
+    for name, kk, twin, base, p_mib in cases(B, k, g, V, kind, device, gen, only):
         head = f"| {kind} | {B} | {kk} | {name} |"
         try:
             acc = float(twin().accepted.double().mean())
@@ -277,10 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--memory", action="store_true",
                     help="only the peak-memory table (on the CPU, run in a process of its own)")
     ap.add_argument("--no-memory", action="store_true", help="only the timing table")
+    ap.add_argument("--rules", default="", help="comma-separated rule names (default: all)")
     args = ap.parse_args(argv)
     torch.set_num_threads(args.threads)
     configs = [(kind, int(b)) for kind in args.laws.split(",") for b in args.batches.split(",")]
     shape = (args.k, args.gamma, args.vocab)
+    only = set(filter(None, args.rules.split(","))) or None
     if not args.memory:
         print(f"torch {torch.__version__}, device {args.device}, intra-op threads "
               f"{torch.get_num_threads()}, V = {args.vocab}, gamma = {args.gamma}, float32 "
@@ -291,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         print("|" + "---|" * (8 + bool(steps)), flush=True)
         gen = torch.Generator().manual_seed(SEED)
         for kind, B in configs:
-            run(B, *shape, kind, args.device, args.repeats, gen, steps=steps)
+            run(B, *shape, kind, args.device, args.repeats, gen, steps=steps, only=only)
         if args.no_memory:
             return 0
         if args.device == "cpu":  # the memory method needs a process of its own (module doc)
@@ -302,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     print("|" + "---|" * 7, flush=True)
     gen = torch.Generator().manual_seed(SEED)
     for kind, B in configs:
-        run(B, *shape, kind, args.device, args.repeats, gen, memory=True)
+        run(B, *shape, kind, args.device, args.repeats, gen, memory=True, only=only)
     return 0
 
 
