@@ -63,11 +63,15 @@ FULL = [
     Method("engine", "kseq", 4),
     Method("engine", "rrs", 2),
     Method("engine", "rrs", 4),
-    # the exact optimal *sampler* at k = 2 (an LP per call over the laws' support); at k = 4
-    # that LP has U^4 draft tuples (6e7 plan entries on the demo's laws), so the optimum
-    # appears as the kseq / rrs rows' "BE opt" column instead (coupling.llm.predict)
+    # the exact optimal sampler (the min-cut race for i.i.d. drafts)
     Method("engine", "optimal", 2),
+    Method("engine", "optimal", 4),
+    Method("engine", "is", 2),
+    # drafter-invariant rules: one seed gives the same text whatever the drafter
     Method("engine", "gumbel"),
+    Method("engine", "minhash"),
+    Method("engine", "gls", 2),
+    Method("engine", "strict", 2),
     Method("engine", "token", drafter="ngram"),
     # feature-level (EAGLE-style) draft: reads the target's hidden states, so HF assisted
     # generation cannot run it (coupling.llm.feature_draft)
@@ -78,6 +82,9 @@ FULL = [
     # optimum for that draft law
     Method("engine", "rrs", 2, replacement=False, drafter="feature"),
     Method("engine", "optimal", 2, replacement=False, drafter="feature"),
+    # draft trees of two paths: traversal verification and greedy multi-path block verification
+    Method("engine", "traversal", 2, drafter="feature"),
+    Method("engine", "gbv", 2, drafter="feature"),
     Method("engine", "gumbel", drafter="feature"),
 ]
 QUICK = ["autoregressive", "hf_assisted", "token", "block", "kseq_k2", "gumbel",
