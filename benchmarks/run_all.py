@@ -14,7 +14,7 @@ HERE = Path(__file__).resolve().parent
 
 
 def main(argv: list[str]) -> int:
-    scripts = sorted(HERE.glob("bench_*.py"))
+    scripts = sorted([*HERE.glob("bench_*.py"), *HERE.glob("compare_*.py")])
     if argv:
         scripts = [s for s in scripts if any(a in s.name for a in argv)]
     rc = 0
