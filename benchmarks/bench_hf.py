@@ -154,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from coupling.llm import demo, models
+    from coupling.llm import demo, drafts, models
 
     args = _parser().parse_args(argv)
     sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--prompts {args.prompts} must be a multiple of every batch size")
     torch.set_num_threads(args.threads)
     target = models.load_target("bfloat16")
-    draft = models.load_draft(target, head_tokens=args.draft_head)
+    draft = drafts.load_draft(target, head_tokens=args.draft_head)
     if args.draft_quant == "int8":
         draft = models.quantize_draft_int8(draft)
     tok = models.load_tokenizer()

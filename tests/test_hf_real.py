@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import coupling.hf
-from coupling.llm import models
+from coupling.llm import drafts, models
 from tests.hf_helpers import fit_pvalue, one_thread, two_token_law  # noqa: F401
 
 pytestmark = pytest.mark.slow
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def smollm2():
     target = models.load_target("float32")
-    return target, models.load_draft(target), models.load_tokenizer()
+    return target, drafts.load_draft(target), models.load_tokenizer()
 
 
 def test_smollm2_two_token_law_is_plain_sampling(smollm2):
