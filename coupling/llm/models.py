@@ -23,6 +23,7 @@ import copy
 import importlib.util
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -99,7 +100,13 @@ def _convert_gguf(dst: Path, src: Path | None = None) -> None:
     model.save_pretrained(str(tmp), safe_serialization=True)
     tok.save_pretrained(str(tmp))
     (tmp / "coupling_source.json").write_text(json.dumps({"gguf": str(src)}))
-    tmp.rename(dst)
+    try:
+        tmp.rename(dst)
+    except OSError:
+        # another process converted the same model first: keep its complete copy
+        if not (dst / "coupling_source.json").exists():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def target_dir() -> Path:
