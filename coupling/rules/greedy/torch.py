@@ -16,6 +16,7 @@ import torch
 
 from ...torch_backend.common import Verdict, check_inputs, sample_rows
 from ...torch_backend.tree import first_true, verify_tree
+from . import RULE
 
 __all__ = ["verify", "step", "check_greedy_roots", "draft_roots"]
 
@@ -80,11 +81,8 @@ def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
     core)."""
     drafts, p, q, seeds, positions = check_inputs(drafts, p, q, seeds, positions,
                                                   validate=validate, atol=atol, rule="greedy")
-    if drafts.shape[1] > 1:
-        if replacement:
-            raise ValueError("greedy drafts are distinct (the top k-1 tokens of q and one draw "
-                             "from the rest): pass replacement=False")
-        if validate and drafts.shape[2] > 0:
-            check_greedy_roots(drafts, q)
+    RULE.require(drafts.shape[1], replacement)
+    if drafts.shape[1] > 1 and validate and drafts.shape[2] > 0:
+        check_greedy_roots(drafts, q)
     return verify_tree(step, drafts, p, q, seeds, positions, replacement=False, validate=False,
                        atol=atol, accept_u=accept_u, sample_u=sample_u, rule="greedy")

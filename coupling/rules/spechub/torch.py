@@ -15,6 +15,7 @@ import torch
 
 from ...torch_backend.common import Verdict, check_inputs, sample_rows
 from ...torch_backend.tree import first_true, verify_tree
+from . import RULE
 
 __all__ = ["verify", "step", "check_hub_roots", "draft_roots"]
 
@@ -101,14 +102,8 @@ def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
     ``replacement=False`` (``True`` is refused for ``k = 2``, as by the numpy core)."""
     drafts, p, q, seeds, positions = check_inputs(drafts, p, q, seeds, positions,
                                                   validate=validate, atol=atol, rule="spechub")
-    if drafts.shape[1] > 2:
-        raise ValueError(f"spechub verifies k <= 2 draft branches (a hub pair), got "
-                         f"k={drafts.shape[1]}")
-    if drafts.shape[1] == 2:
-        if replacement:
-            raise ValueError("spechub drafts are distinct (the hub and one other token): pass "
-                             "replacement=False")
-        if validate and drafts.shape[2] > 0:
-            check_hub_roots(drafts, q)
+    RULE.require(drafts.shape[1], replacement)
+    if drafts.shape[1] == 2 and validate and drafts.shape[2] > 0:
+        check_hub_roots(drafts, q)
     return verify_tree(step, drafts, p, q, seeds, positions, replacement=False, validate=False,
                        atol=atol, accept_u=accept_u, sample_u=sample_u, rule="spechub")
