@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     failed = []
     with ThreadPoolExecutor(args.jobs) as pool:
-        for script, (proc, dt) in zip(scripts, pool.map(run, scripts)):
+        for script, (proc, dt) in zip(scripts, pool.map(run, scripts), strict=True):
             status = "verified" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
             print(f"{script.name:<40} {status:<22} {dt:6.1f} s", flush=True)
             if proc.returncode != 0:
