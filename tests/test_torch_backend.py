@@ -272,6 +272,21 @@ def test_sample_rows_falls_back_on_rows_without_weight():
     assert sample_rows(W, torch.tensor([0.3, 0.3]), fallback=fallback).tolist() == [2, 1]
 
 
+@pytest.mark.parametrize("name", ["gumbel", "minhash", "spechub"])
+def test_twins_stepping_in_row_chunks_decide_as_in_one_chunk(monkeypatch, name):
+    """The twins that build their per-row temporaries a chunk of rows at a time
+    (``laws.by_row_chunks``) give the same verdicts with chunks of one row as in one chunk."""
+    k = _k(name)
+    X, P, Q = _tree_batch(np.random.default_rng(37), 9, k, 2, 6, rule=name)
+    kw = dict(seeds=torch.arange(9), positions=torch.full((9,), 3),
+              replacement=_replacement(name) or k == 1)
+    whole = RULES[name].torch.verify(X, P, Q, **kw)
+    monkeypatch.setattr(laws, "CPU_CHUNK", 6)                # one row of V = 6 per chunk
+    assert laws.chunk_rows(6, X.device) == 1
+    rows = RULES[name].torch.verify(X, P, Q, **kw)
+    assert verdict_rows(rows) == verdict_rows(whole)
+
+
 # ----------------------------------------------------------------------------- laws in float64
 @pytest.mark.parametrize("chunk", [laws.CPU_CHUNK, 7])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])

@@ -23,7 +23,8 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["chunk_rows", "row_sums", "normalised_rows", "residual_masses", "residual_weights"]
+__all__ = ["chunk_rows", "by_row_chunks", "row_sums", "normalised_rows", "residual_masses",
+           "residual_weights"]
 
 #: float64 elements per chunk on the CPU (512 KiB: one row of V = 49152)
 CPU_CHUNK = 1 << 16
@@ -40,6 +41,16 @@ def chunk_rows(V: int, device: torch.device) -> int:
     """Rows of ``V`` entries per float64 chunk on ``device``."""
     per = CPU_CHUNK if device.type == "cpu" else DEVICE_CHUNK
     return max(1, per // max(V, 1))
+
+
+def by_row_chunks(fn, V: int, *rows: torch.Tensor) -> torch.Tensor:
+    """``fn(*rows)`` computed a chunk of rows at a time (:func:`chunk_rows` rows of ``V``
+    entries) and concatenated: for a row-wise ``fn`` whose float64 temporaries over ``[n, V]``
+    would otherwise exceed the laws themselves. ``rows``: tensors sharing their first axis."""
+    n, step = rows[0].shape[0], chunk_rows(V, rows[0].device)
+    if n <= step:
+        return fn(*rows)
+    return torch.cat([fn(*(r[a:a + step] for r in rows)) for a in range(0, n, step)])
 
 
 def _row_grid(x: torch.Tensor) -> tuple[torch.Tensor, list[int]] | None:

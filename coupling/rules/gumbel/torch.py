@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ...torch_backend.common import Verdict, check_inputs, check_probs
-from ...torch_backend.laws import chunk_rows
+from ...torch_backend.laws import by_row_chunks
 from ...torch_backend.rng import gumbel_noise
 from ...torch_backend.tree import walk_tree
 
@@ -46,17 +46,17 @@ def target_tokens(
 ) -> torch.Tensor:
     """``argmax_v log p[b, v] + G(seeds[b], positions[b], v)`` (float64), ``[B, V] -> [B]``.
 
-    A chunk of rows at a time (:func:`~coupling.torch_backend.laws.chunk_rows`): the noise's
+    A chunk of rows at a time (:func:`~coupling.torch_backend.laws.by_row_chunks`): the noise's
     hashing and the float64 scores then never hold more than a chunk, where a whole batch's
     would exceed one float32 copy of the laws."""
-    n, V = p_rows.shape
-    step = chunk_rows(V, p_rows.device)
-    out = torch.empty(n, dtype=torch.int64, device=p_rows.device)
-    for a in range(0, n, step):
-        G = gumbel_noise(seeds[a:a + step], positions[a:a + step], V, dtype=torch.float64,
-                         device=p_rows.device)
-        out[a:a + step] = torch.argmax(p_rows[a:a + step].to(torch.float64).log() + G, -1)
-    return out
+    def score(p_c: torch.Tensor, s_c: torch.Tensor, t_c: torch.Tensor) -> torch.Tensor:
+        G = gumbel_noise(s_c, t_c, p_c.shape[-1], dtype=torch.float64, device=p_c.device)
+        return torch.argmax(p_c.to(torch.float64).log() + G, -1)
+
+    n = p_rows.shape[0]
+    seeds, positions = (torch.as_tensor(t, device=p_rows.device).expand(n)
+                        for t in (seeds, positions))
+    return by_row_chunks(score, p_rows.shape[-1], p_rows, seeds, positions)
 
 
 def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None = None, *,

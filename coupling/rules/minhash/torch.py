@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ...torch_backend.common import Verdict, sample_rows
-from ...torch_backend.laws import chunk_rows
+from ...torch_backend.laws import by_row_chunks
 from ...torch_backend.tree import first_true, verify_tree
 
 __all__ = ["verify", "step"]
@@ -21,16 +21,15 @@ __all__ = ["verify", "step"]
 def step(p_i, q_i, x, alive, coins, u, i, act):
     """The single-step rule on the unfinished rows (:data:`coupling.torch_backend.tree.StepFn`)."""
     xs = x.gather(1, first_true(alive).unsqueeze(1))            # [A, 1] the judged draft
-    out = torch.empty(xs.shape[0], dtype=torch.int64, device=x.device)
-    step = chunk_rows(p_i.shape[-1], p_i.device)   # the dart law's temporaries, a chunk at a time
-    for a in range(0, xs.shape[0], step):
-        p, q = p_i[a:a + step].to(torch.float64), q_i[a:a + step].to(torch.float64)
-        xa = xs[a:a + step]
-        px, qx = p.gather(1, xa), q.gather(1, xa)
-        row = qx * (p - q).clamp(min=0.0) + (qx - px).clamp(min=0.0) * p
-        row = row.scatter_add(1, xa, torch.minimum(px, qx))
-        out[a:a + step] = sample_rows(row, u[a:a + step])
-    return out
+    # the dart law's float64 temporaries, a chunk of rows at a time
+    return by_row_chunks(_dart_draw, p_i.shape[-1], p_i, q_i, xs, u)
+
+
+def _dart_draw(p_i, q_i, xs, u):
+    p, q = p_i.to(torch.float64), q_i.to(torch.float64)
+    px, qx = p.gather(1, xs), q.gather(1, xs)
+    row = qx * (p - q).clamp(min=0.0) + (qx - px).clamp(min=0.0) * p
+    return sample_rows(row.scatter_add(1, xs, torch.minimum(px, qx)), u)
 
 
 def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,

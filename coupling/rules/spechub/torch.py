@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 
 from ...torch_backend.common import Verdict, check_inputs, sample_rows
-from ...torch_backend.laws import chunk_rows
+from ...torch_backend.laws import by_row_chunks
 from ...torch_backend.tree import first_true, verify_tree
 from . import RULE
 
@@ -51,13 +51,9 @@ def _hub_pair(p, q, x, coins, u):
 def step(p_i, q_i, x, alive, coins, u, i, act):
     """The single-step rule on the unfinished rows (:data:`coupling.torch_backend.tree.StepFn`):
     a hub pair at the root, the token rule for a lone survivor; a chunk of rows at a time
-    (:func:`~coupling.torch_backend.laws.chunk_rows`), so its float64 temporaries never hold
+    (:func:`~coupling.torch_backend.laws.by_row_chunks`), so its float64 temporaries never hold
     more than a chunk."""
-    n = chunk_rows(p_i.shape[-1], p_i.device)
-    if x.shape[0] <= n:
-        return _step_rows(p_i, q_i, x, alive, coins, u)
-    return torch.cat([_step_rows(p_i[a:a + n], q_i[a:a + n], x[a:a + n], alive[a:a + n],
-                                 coins[a:a + n], u[a:a + n]) for a in range(0, x.shape[0], n)])
+    return by_row_chunks(_step_rows, p_i.shape[-1], p_i, q_i, x, alive, coins, u)
 
 
 def _step_rows(p_i, q_i, x, alive, coins, u):
