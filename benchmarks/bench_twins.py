@@ -19,12 +19,17 @@ Laws (``--laws``): target logits ``z ~ N(0, 3^2)`` per tree node, draft logits `
 truncated to their 50 largest entries (``topk``) or to their top-0.95 nucleus (``topp``) and
 renormalised. Trees are real trees: branches that drafted the same prefix share the laws
 after it; drafts are i.i.d. from ``q`` (``gumbel``: branch 0 is the coupling's drafter,
-``argmax log q + G(seed, t + i)``, the others i.i.d.).
+``argmax log q + G(seed, t + i)``, the others i.i.d.). Each configuration draws ``--trees``
+trees (default 3) from a generator seeded by the configuration alone, and a rule's own root
+draws by the rule alone, so a row is the same whichever rules and configurations run with
+it.
 
 The timing table: median ms per call over ``--repeats`` calls, interleaved (baseline, rule,
-baseline, rule, ...; each of the twin's calls under other seeds but ``gumbel``'s, whose drafts
-hold its keys), the ratio of the two medians and the twin's mean accepted length. CUDA
-timings use CUDA events.
+baseline, rule, ...; call ``r`` of both on tree ``r mod trees``; each of the twin's calls under
+other seeds but ``gumbel``'s, whose drafts hold its keys), the ratio of the two medians and
+the twin's mean accepted length over the trees. One tree decides little: a rule's cost
+depends on how far its walk goes (optimal's exact race runs only where two drafts survive).
+CUDA timings use CUDA events.
 
 The memory table: the peak memory above the live inputs during one call, against one copy of
 ``p`` in float32. On the CPU the peak is the resident set's high-water mark (``VmHWM`` after
@@ -50,6 +55,7 @@ import statistics
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable
 
 import torch
@@ -179,46 +185,61 @@ def configurations(k: int) -> list[tuple[str, int]]:
     return rows + [("gumbel", k)]
 
 
-def own_roots(rule, d: torch.Tensor, q: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+def own_roots(rule, name: str, d: torch.Tensor, q: torch.Tensor, tree: int) -> torch.Tensor:
     """``d`` with the first tokens drawn by the rule's own draft law where it has one (its
-    twin's ``draft_roots``: greedy, spechub), the rest of each branch as drafted."""
+    twin's ``draft_roots``: greedy, spechub), the rest of each branch as drafted; the draws
+    are seeded by the rule and the tree alone."""
     if len(d) == 0 or not hasattr(rule.torch, "draft_roots"):
         return d
+    gen = seeded(f"{name}/{tree}")
     u = torch.rand(d.shape[0], d.shape[1], generator=gen, dtype=torch.float64)
     d = d.clone()
     d[:, :, 0] = rule.torch.draft_roots(q[:, 0, 0].cpu(), u).to(d.device)
     return d
 
 
-def cases(B: int, k: int, g: int, V: int, kind: str, device: str, gen: torch.Generator,
+def seeded(label: str) -> torch.Generator:
+    """A generator seeded by ``SEED`` and ``label``: a configuration's trees do not depend on
+    which other configurations or rules run."""
+    return torch.Generator().manual_seed(SEED + zlib.crc32(label.encode()))
+
+
+def cases(B: int, k: int, g: int, V: int, kind: str, device: str, n_trees: int,
           only: set[str] | None = None):
     """``(rule, k, twin call, baseline call, p's float32 MiB)`` for every row of
-    :func:`configurations`."""
-    trees = {False: make_tree(B, k, g, V, kind, gen),
-             True: make_tree(B, k, g, V, kind, gen, gumbel=True)}
-    trees = {key: tuple(t.to(device) for t in tree) for key, tree in trees.items()}
+    :func:`configurations`; call ``r`` of either reads tree ``r % n_trees``."""
+    gen = seeded(f"{kind}/{B}/{k}/{g}/{V}")
+    trees = [{gumbel: tuple(t.to(device) for t in make_tree(B, k, g, V, kind, gen,
+                                                            gumbel=gumbel))
+              for gumbel in (False, True)} for _ in range(n_trees)]
     bgen = torch.Generator(device=device).manual_seed(1)
     for name, kk in configurations(k):
         if only and name not in only:
             continue
-        d, p, q, seeds, pos = trees[name == "gumbel"]
-        d, p, q = d[:, :kk], p[:, :kk], q[:, :kk]
         rule = RULES[name]
         replacement = True in rule.draft_laws    # distinct drafts where the rule takes only them
-        if kk > 1:
-            d = own_roots(rule, d, q, gen)
-        flat = (d.reshape(B * kk, g), p.reshape(B * kk, g + 1, V), q.reshape(B * kk, g, V))
+        calls = []
+        for n, tree in enumerate(trees):
+            d, p, q, seeds, pos = tree[name == "gumbel"]
+            d, p, q = d[:, :kk], p[:, :kk], q[:, :kk]
+            if kk > 1:
+                d = own_roots(rule, name, d, q, n)
+            calls.append((d, p, q, seeds, pos))
 
-        def twin(rep: int = 0, rule=rule, d=d, p=p, q=q, seeds=seeds, pos=pos,
-                 shift=name != "gumbel", replacement=replacement):
+        def twin(rep: int = 0, rule=rule, calls=calls, shift=name != "gumbel",
+                 replacement=replacement):
             # each repeat draws other uniforms (gumbel's drafts hold its keys: they stay)
+            d, p, q, seeds, pos = calls[rep % len(calls)]
             return rule.torch.verify(d, p, q, seeds=seeds + 7919 * rep * shift, positions=pos,
                                      replacement=replacement, validate=False)
 
-        def base(flat=flat):
-            return plain_token(*flat, bgen)
+        def base(rep: int = 0, calls=calls):
+            d, p, q = calls[rep % len(calls)][:3]
+            N = d.shape[0] * d.shape[1]
+            return plain_token(d.reshape(N, g), p.reshape(N, g + 1, V), q.reshape(N, g, V),
+                               bgen)
 
-        yield name, kk, twin, base, p.numel() * 4 / 2**20
+        yield name, kk, twin, base, calls[0][1].numel() * 4 / 2**20
 
 
 class TargetSteps:
@@ -240,15 +261,16 @@ class TargetSteps:
         return self.ms[rows]
 
 
-def run(B: int, k: int, g: int, V: int, kind: str, device: str, repeats: int,
-        gen: torch.Generator, memory: bool = False, steps: TargetSteps | None = None,
+def run(B: int, k: int, g: int, V: int, kind: str, device: str, repeats: int, n_trees: int,
+        memory: bool = False, steps: TargetSteps | None = None,
         only: set[str] | None = None) -> None:
     """Print the rows of one (laws, B): timings, or with ``memory`` the peaks."""
     clock = Clock(device)
-    for name, kk, twin, base, p_mib in cases(B, k, g, V, kind, device, gen, only):
+    for name, kk, twin, base, p_mib in cases(B, k, g, V, kind, device, n_trees, only):
         head = f"| {kind} | {B} | {kk} | {name} |"
         try:
-            acc = float(twin().accepted.double().mean())
+            acc = statistics.mean(float(twin(r).accepted.double().mean())
+                                  for r in range(n_trees))
         except ValueError as exc:
             print(f"{head} n/a: {str(exc).split(';')[0][:80]} |", flush=True)
             continue
@@ -260,7 +282,7 @@ def run(B: int, k: int, g: int, V: int, kind: str, device: str, repeats: int,
             continue
         tb, tt = [], []
         for rep in range(repeats):  # interleaved: both see the same phase of a shared machine
-            tb.append(clock.ms(base))
+            tb.append(clock.ms(lambda rep=rep, base=base: base(rep)))
             tt.append(clock.ms(lambda rep=rep, twin=twin: twin(rep)))
         mb, mt = statistics.median(tb), statistics.median(tt)
         share = "" if steps is None else f" {100 * mt / steps(B * kk):.2f}% |"
@@ -275,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab", type=int, default=VOCAB, help="V (default SmolLM2's)")
     ap.add_argument("--laws", default="softmax,topk,topp", help="softmax, topk, topp")
     ap.add_argument("--repeats", type=int, default=15)
+    ap.add_argument("--trees", type=int, default=3, help="draft trees per configuration")
     ap.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--target-step", action="store_true",
@@ -291,14 +314,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.memory:
         print(f"torch {torch.__version__}, device {args.device}, intra-op threads "
               f"{torch.get_num_threads()}, V = {args.vocab}, gamma = {args.gamma}, float32 "
-              f"laws, {args.repeats} interleaved repeats\n")
+              f"laws, {args.repeats} interleaved repeats over {args.trees} trees\n")
         steps = TargetSteps(args.device, args.gamma) if args.target_step else None
         extra = " % of the target's call |" if steps else ""
         print(f"| laws | B | k | rule | twin ms | baseline ms | ratio | mean accepted |{extra}")
         print("|" + "---|" * (8 + bool(steps)), flush=True)
-        gen = torch.Generator().manual_seed(SEED)
         for kind, B in configs:
-            run(B, *shape, kind, args.device, args.repeats, gen, steps=steps, only=only)
+            run(B, *shape, kind, args.device, args.repeats, args.trees, steps=steps, only=only)
         if args.no_memory:
             return 0
         if args.device == "cpu":  # the memory method needs a process of its own (module doc)
@@ -307,9 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n| laws | B | k | rule | p MiB (float32) | twin peak MiB (x p) "
           "| baseline peak MiB (x p) |")
     print("|" + "---|" * 7, flush=True)
-    gen = torch.Generator().manual_seed(SEED)
     for kind, B in configs:
-        run(B, *shape, kind, args.device, args.repeats, gen, memory=True, only=only)
+        run(B, *shape, kind, args.device, args.repeats, 1, memory=True, only=only)
     return 0
 
 

@@ -104,13 +104,13 @@ def _source(x: torch.Tensor, index: Index | None) -> tuple[int, Take]:
     if n == 1 and x.device.type == "cpu":  # one row: a view (reading its id costs no sync)
         row = flat[int(ids):].narrow(0, 0, 1)
         return 1, lambda lo, hi: row
-    if n * V <= GATHER_AT_MOST:  # one gather in x's dtype, then chunks of it
-        rows = flat.index_select(0, ids)
-        return n, lambda lo, hi: rows[lo:hi]
     if chunk_rows(V, x.device) == 1 and x.device.type == "cpu":
         # a chunk is one row: read it in place (a gather would copy it once more)
         at = ids.tolist()
         return n, lambda lo, hi: flat[at[lo]:at[lo] + 1]
+    if n * V <= GATHER_AT_MOST:  # one gather in x's dtype, then chunks of it
+        rows = flat.index_select(0, ids)
+        return n, lambda lo, hi: rows[lo:hi]
     return n, lambda lo, hi: flat.index_select(0, ids[lo:hi])
 
 

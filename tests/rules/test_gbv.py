@@ -168,3 +168,18 @@ def test_ranks_and_draft_models_are_checked():
     assert control.name == "gbv_first_child_ties" and not control.lossless
     with pytest.raises(ValueError, match="no torch twin"):
         _ = control.torch
+
+
+def test_skewed_in_given_buffers_is_the_same_arithmetic():
+    """With ``overwrite_below`` and ``work`` (the twin's reuse of memory) the skew is the
+    plain call's bit for bit, and ``below`` is left alone without ``overwrite_below``."""
+    rng = np.random.default_rng(2)
+    for k in (1, 2, 3, 4, 7):
+        q = rng.dirichlet(np.ones(50))
+        below = rng.random(50) * 0.9
+        kept = below.copy()
+        want = gbv.skewed(q, below, 0.3, 0.2, k)
+        np.testing.assert_array_equal(below, kept)
+        work = tuple(np.empty(50) for _ in range(3))
+        got = gbv.skewed(q, below.copy(), 0.3, 0.2, k, overwrite_below=True, work=work)
+        np.testing.assert_array_equal(got, want)

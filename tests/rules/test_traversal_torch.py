@@ -10,7 +10,8 @@ import torch
 from coupling import RULES
 from coupling.rules import traversal
 from coupling.rules.traversal import TraversalControl
-from coupling.rules.traversal.torch import slots
+from coupling.rules.traversal.torch import preorder, slots
+from coupling.rules.trie import build_trie
 from tests.rules.tree_twins import (
     assert_cuda_matches_cpu,
     assert_keyed_and_batch_invariant,
@@ -93,3 +94,23 @@ def test_inputs_are_checked():
     with pytest.raises(ValueError, match=r"accept_u must be \[B, gamma, k\]"):
         TRAVERSAL.torch.verify(torch.tensor(drafts), torch.tensor(P), torch.tensor(Q), seeds=0,
                                positions=0, accept_u=torch.zeros(2, 2, 3))
+
+
+def test_preorder_ranks_the_trie_depth_first():
+    """The slots' pre-order ranks order the trie's nodes as a recursive depth-first walk does
+    (children by first appearance), on random trees with shared prefixes."""
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        k, g = int(rng.integers(1, 6)), int(rng.integers(1, 5))
+        drafts = rng.integers(0, 3, (k, g))
+        trie = build_trie(drafts)
+        walk: list[int] = []
+        stack = [0]
+        while stack:
+            node = stack.pop()
+            walk.append(node)
+            stack.extend(reversed(trie.children[node]))
+        low, _ = slots(torch.tensor(drafts)[None])
+        rank = preorder(low)[0]
+        got = [int(rank[trie.branch[n], trie.depth(n)]) for n in walk]
+        assert got == sorted(got)

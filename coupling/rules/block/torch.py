@@ -36,7 +36,7 @@ from ...torch_backend.common import (
 )
 from ...torch_backend.laws import residual_masses, row_sums
 
-__all__ = ["verify", "weights", "accepted"]
+__all__ = ["verify", "weights", "accepted", "can_pass", "stop_probability"]
 
 #: a coin within this relative margin above ``w_i`` still gets its residual mass: ``h_i``
 #: is ``<= w_i`` in exact arithmetic, and above it by rounding only
@@ -53,6 +53,21 @@ def weights(ratios: torch.Tensor) -> torch.Tensor:
     return w
 
 
+def can_pass(eta: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Whether the test of coin ``eta`` at weight ``w`` can pass: ``h_i <= w_i``, so a coin
+    ``eta_i >= w_i`` fails without its residual mass (elementwise)."""
+    return eta < w * (1.0 + MARGIN)
+
+
+def stop_probability(s: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``h_i = s_i / (s_i + 1 - w_i)`` from the residual mass ``s`` and weight ``w``
+    (elementwise, float64)."""
+    den = s + (1.0 - w)
+    # 0/0 (w_i = 1 and p_i = q_i) reads as h_i = 1: then w_{i+1} = 1 and h_{i+1} = 1, so
+    # the stop never lands on i and its (empty) residual is never used
+    return torch.where(den > 0, s / torch.where(den > 0, den, 1.0), 1.0)
+
+
 def accepted(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor, eta: torch.Tensor, *,
              sums: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Accepted length: ``w [B, g+1]``, ``p [B, g+1, V]``, ``q [B, g, V]``, ``eta [B, g]`` ->
@@ -63,8 +78,8 @@ def accepted(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor, eta: torch.Tenso
     if g == 0:
         return torch.zeros(B, dtype=torch.int64, device=w.device)
     n = torch.where(eta[:, g - 1] < w[:, g], g, 0)  # h_g = w_g; the largest passing i wins
-    # the tests that can pass (h_i <= w_i) and can still matter (n < g)
-    open_ = (eta[:, : g - 1] < w[:, 1:g] * (1.0 + MARGIN)) & (n < g).unsqueeze(1)
+    # the tests that can pass and can still matter (n < g)
+    open_ = can_pass(eta[:, : g - 1], w[:, 1:g]) & (n < g).unsqueeze(1)
     b, i = torch.nonzero(open_, as_tuple=True)
     if b.numel() == 0:
         return n
@@ -73,12 +88,8 @@ def accepted(w: torch.Tensor, p: torch.Tensor, q: torch.Tensor, eta: torch.Tenso
         sums[0][b, i], sums[1][b, i])
     wi = w[b, i]
     s = residual_masses(p, q, (b, i), (b, i), wi / sp, 1.0 / sq)
-    den = s + (1.0 - wi)
-    # 0/0 (w_i = 1 and p_i = q_i) reads as h_i = 1: then w_{i+1} = 1 and h_{i+1} = 1, so
-    # the stop never lands on i and its (empty) residual is never used
-    h = torch.where(den > 0, s / torch.where(den > 0, den, 1.0), 1.0)
     passed = torch.zeros(B, g, dtype=torch.int64, device=w.device)
-    passed[b, i - 1] = torch.where(eta[b, i - 1] < h, i, 0)
+    passed[b, i - 1] = torch.where(eta[b, i - 1] < stop_probability(s, wi), i, 0)
     return torch.maximum(n, passed.amax(-1))
 
 

@@ -31,9 +31,11 @@ Algorithm (what :func:`select` and :func:`verify` do), ``k`` i.i.d. paths
              \qquad A \leftarrow A + m F^-(x^\star_{d+1}),\quad m \leftarrow m\, q(x^\star_{d+1}),
 
    computed as :math:`q(t) \sum_{i<k} a^i b^{k-1-i} / \sum_{i<k} (A+m)^i A^{k-1-i}` with every
-   base divided by :math:`A + m` (sums of non-negative terms in :math:`[0, 1]`: no cancellation,
-   no underflow of deep prefixes); exact in Fractions. The reference's ``compute_skew`` is the
-   same formula (its ``q_joint = m``, ``q_joint_cdf = A + m``).
+   base divided by :math:`A + m`, both sums by Horner's rule (:func:`skewed`: non-negative
+   terms in :math:`[0, 1]`, so no cancellation and no underflow of deep prefixes); exact in
+   Fractions. The numerators telescope along the rank order, so :math:`q^\star` sums to 1
+   without renormalising. The reference's ``compute_skew`` is the same formula (its
+   ``q_joint = m``, ``q_joint_cdf = A + m``).
 4. **Verify** :math:`X^\star` by block verification (:mod:`coupling.rules.block`) with
    :math:`q^\star` in place of :math:`q` along it, coins ``coins[:, b]`` (``b`` the lowest
    path equal to :math:`X^\star`), and ``u[tau]`` for the emitted token.
@@ -87,8 +89,8 @@ import numpy as np
 from .. import block
 from ..trie import NegativeControl, TreeLaw, TreeRule, Trie, build_trie, unit_of
 
-__all__ = ["RANKS", "CONTROLS", "rank_key", "rank_order", "skew", "select", "verify", "law",
-           "GBV", "GBVControl", "RULE"]
+__all__ = ["RANKS", "CONTROLS", "rank_key", "rank_order", "skewed", "skew", "select", "node_rows",
+           "verify", "law", "GBV", "GBVControl", "RULE"]
 
 #: ``"capped"``: rank by min(1, p/q) (the reference implementation); ``"ratio"``: by p/q
 RANKS = ("capped", "ratio")
@@ -114,6 +116,50 @@ def rank_order(p: np.ndarray, q: np.ndarray, rank: str = "capped") -> np.ndarray
     return np.argsort(rank_key(p, q, rank), kind="stable")
 
 
+def skewed(q, below, A, m, k: int, *, overwrite_below: bool = False, work=None):
+    r""":math:`q^\star` (module doc, step 3) from the draft law ``q``, the mass ranked below each
+    token ``below`` and the prefix masses ``A``, ``m`` (broadcasting against ``q``). Operators
+    only: numpy arrays of floats or Fractions and torch tensors go through the same arithmetic.
+    For callers that reuse memory across rows: ``overwrite_below``, ``below`` may be
+    overwritten; ``work``, three arrays shaped like ``q`` to compute in (the result is the
+    second).
+
+    >>> skewed(np.array([0.5, 0.5]), np.array([0.0, 0.5]), 0.0, 1.0, 2)
+    array([0.25, 0.75])
+    """
+    if k == 1:
+        return q
+    top = A + m
+    c, low = m / top, A / top
+    b = below if overwrite_below else below * 1
+    b *= c
+    b += low                                            # (A + m F^-) / (A + m)
+    a = _copy(q, work, 0)
+    a *= c
+    a += b                                              # (A + m F^- + m q) / (A + m)
+    # Horner: sum_{i<k} a^i b^(k-1-i) = a * sum_{i<k-1} a^i b^(k-2-i) + b^(k-1)
+    num, den, low_pow = _copy(a, work, 1), low + 1, low
+    num += b
+    b_pow = _copy(b, work, 2) if k > 2 else b
+    for _ in range(k - 2):
+        b_pow *= b
+        low_pow = low_pow * low
+        num *= a
+        num += b_pow
+        den = den + low_pow
+    num *= q
+    num /= den
+    return num
+
+
+def _copy(x, work, i: int):
+    """``x`` in a new array, or written into ``work[i]``."""
+    if work is None:
+        return x * 1
+    work[i][...] = x
+    return work[i]
+
+
 def skew(q: np.ndarray, order: np.ndarray, A, m, k: int) -> tuple[np.ndarray, np.ndarray]:
     r"""``(q_star, below)``: the selected path's law at a node (module doc, step 3) and
     :math:`F^-`, the draft mass ranked below each token. ``A``, ``m``: the mass of the
@@ -121,14 +167,7 @@ def skew(q: np.ndarray, order: np.ndarray, A, m, k: int) -> tuple[np.ndarray, np
     one = unit_of(q)
     below = np.empty_like(q)
     below[order] = np.concatenate([[0 * one], np.cumsum(q[order])[:-1]])
-    if k == 1:
-        return q, below
-    top = A + m
-    a, b, low = (A + m * (below + q)) / top, (A + m * below) / top, A / top
-    num = sum(a**i * b ** (k - 1 - i) for i in range(k))
-    den = sum(low ** (k - 1 - i) for i in range(k))
-    out = q * num / den
-    return out / out.sum(), below
+    return skewed(q, below, A, m, k), below
 
 
 def select(drafts: np.ndarray, p: np.ndarray, q: np.ndarray, *, rank: str = "capped",
@@ -151,6 +190,14 @@ def select(drafts: np.ndarray, p: np.ndarray, q: np.ndarray, *, rank: str = "cap
     return trie.branch[node], np.stack(q_star)
 
 
+def node_rows(drafts: np.ndarray, b: int, law: np.ndarray) -> np.ndarray:
+    """Path ``b``'s rows of ``law [k, n, V]`` read at each of its nodes from the lowest path
+    through it (:mod:`coupling.rules.trie`), ``[n, V]``."""
+    x = drafts[b]
+    return np.stack([law[np.flatnonzero((drafts[:, :d] == x[:d]).all(1))[0], d]
+                     for d in range(law.shape[1])])
+
+
 def _best_child(trie: Trie, node: int, order: np.ndarray, p: np.ndarray, q: np.ndarray,
                 control: str | None) -> int:
     kids = trie.children[node]
@@ -171,7 +218,7 @@ def verify(drafts: np.ndarray, p: np.ndarray, q: np.ndarray, coins: np.ndarray,
     its skewed laws, its coins ``coins[:, branch]`` and ``u[accepted]`` for the emitted
     token."""
     b, q_star = select(drafts, p, q, rank=rank, control=control)
-    tau, y = block.verify(drafts[b], p[b], q_star, coins[:, b], u)
+    tau, y = block.verify(drafts[b], node_rows(drafts, b, p), q_star, coins[:, b], u)
     return tau, b, y
 
 
@@ -180,7 +227,7 @@ def law(drafts: np.ndarray, p: np.ndarray, q: np.ndarray, *, rank: str = "capped
     """Exact law of one call given the validated tree: ``[(prefix, probability, next law)]``."""
     b, q_star = select(drafts, p, q, rank=rank, control=control)
     x = drafts[b]
-    tau, nxt = block.path_law(x, p[b], q_star)
+    tau, nxt = block.path_law(x, node_rows(drafts, b, p), q_star)
     return [(tuple(int(t) for t in x[:i]), tau[i], nxt[i]) for i in range(x.size + 1)
             if tau[i] != 0]
 

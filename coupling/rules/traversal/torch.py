@@ -14,12 +14,13 @@ float64 row of a pool keyed by (request, depth), its draft law is ``q / sum q`` 
 removed children's tokens, divided in turn by each removal's ``1 - s(t)`` (the numpy core's
 divisions, in its order). No ``[B, k, g + 1, V]`` float64 copy of the laws exists.
 
-One step for every unfinished request: walk from the root to the first leaf (first remaining
-child at each depth: ``g`` masked reductions over ``k``), accept it if its coin is below its
-weight (the root always), else delete it and update its parent (residual, weight, draft law
-without the rejected token: ``O(V)`` on the rejecting rows only) and recompute the weights of
-the nodes no rejection has touched, top-down (``g`` gathers over ``[B, k]``). A request is
-done after at most ``k g + 1`` steps.
+One step for every unfinished request: find the first leaf in depth-first order (the alive
+slot without alive children of the lowest pre-order rank, :func:`preorder`: one scatter and
+one argmin), accept it if its coin is below its weight (the root always), else delete it and
+update its parent (residual, weight, draft law without the rejected token: ``O(V)`` on the
+rejecting rows only) and recompute the weights of the nodes no rejection has touched,
+top-down from the rejected depth (gathers over ``[B, k]``). A request is done after at most
+``k g + 1`` steps.
 
 Randomness: the coin of slot ``(j, i)`` is ``accept_u[b, i - 1, j]`` (keyed:
 ``U(seed, t, STREAM_ACCEPT, (i - 1) * MAX_DRAFTS + j)``), the emitted token is drawn by inverse
@@ -34,9 +35,9 @@ import torch
 
 from ...torch_backend.common import Verdict, assemble, sample_rows
 from ...torch_backend.laws import row_sums
-from ...torch_backend.tree import first_true, prepare_tree
+from ...torch_backend.tree import prepare_tree
 
-__all__ = ["verify", "walk", "slots"]
+__all__ = ["verify", "walk", "slots", "preorder"]
 
 
 def slots(drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,6 +52,23 @@ def slots(drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return low, owner
 
 
+def preorder(low: torch.Tensor) -> torch.Tensor:
+    """Each slot's rank in depth-first pre-order ``[B, k, g + 1]`` (children by first
+    appearance): slot ``(j, i)`` sorts by its ancestors' slots ``low[j, 1..i]``, a prefix before
+    its extensions; a stable sort per depth, the last first."""
+    B, k, g1 = low.shape
+    depth = torch.arange(g1, device=low.device)
+    # key of slot (j, i) at depth i' >= 1: low[j, i'] + 1 if i' <= i, else 0
+    key = torch.where(depth.view(1, 1, g1, 1) <= depth.view(1, 1, 1, g1),
+                      low.unsqueeze(-1) + 1, 0).transpose(2, 3).reshape(B, k * g1, g1)
+    order = torch.arange(k * g1, device=low.device).expand(B, -1)
+    for i in range(g1 - 1, 0, -1):
+        order = order.gather(1, torch.sort(key[:, :, i].gather(1, order), stable=True).indices)
+    rank = torch.empty_like(order)
+    rank.scatter_(1, order, torch.arange(k * g1, device=low.device).expand(B, -1))
+    return rank.view(B, k, g1)
+
+
 class _Trees:
     """The state of ``B`` traversals (module doc)."""
 
@@ -60,6 +78,10 @@ class _Trees:
         dev = drafts.device
         self.rows = torch.arange(B, device=dev)
         self.low, self.alive = slots(drafts)
+        self.rank = preorder(self.low)
+        # each slot (j, i >= 1)'s parent slot (low[j, i - 1], i - 1), flat over [k, g + 1]
+        self.parent = (self.low[:, :, :g] * (g + 1)
+                       + torch.arange(g, device=dev)).reshape(B, -1)
         self.sp, self.sq = _node_sums(p, q, self.alive[:, :, :g])
         self.w = torch.ones(B, k, g + 1, dtype=torch.float64, device=dev)
         self.touched = torch.zeros_like(self.alive)
@@ -82,9 +104,10 @@ class _Trees:
         self.n_gone = torch.zeros(B, g, dtype=torch.int64, device=dev)
         self.reweigh()
 
-    def reweigh(self) -> None:
-        """``w_c = min(w_v r_v(c) / s_v(c), 1)`` top-down, except where a rejection set it."""
-        for i in range(1, self.g + 1):
+    def reweigh(self, start: int = 1) -> None:
+        """``w_c = min(w_v r_v(c) / s_v(c), 1)`` top-down from depth ``start`` (the weights
+        above it are current), except where a rejection set it."""
+        for i in range(start, self.g + 1):
             w_par = self.w[:, :, i - 1].gather(1, self.low[:, :, i - 1])
             r_t, s_t = self.rt[:, :, i], self.st[:, :, i]
             safe = torch.where(s_t > 0, s_t, 1.0)
@@ -92,26 +115,26 @@ class _Trees:
             self.w[:, :, i] = torch.where(self.touched[:, :, i], self.w[:, :, i], new)
 
     def first_leaf(self, act: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Slot ``(j, d)`` of the first leaf in depth-first order, for the rows ``act``."""
-        j = torch.zeros_like(act)
-        d = torch.zeros_like(act)
-        for i in range(1, self.g + 1):
-            kids = self.alive[act, :, i] & (self.low[act, :, i - 1] == j.unsqueeze(1)) \
-                & (d == i - 1).unsqueeze(1)
-            down = kids.any(-1)
-            j = torch.where(down, first_true(kids), j)
-            d = torch.where(down, i, d)
-        return j, d
+        """Slot ``(j, d)`` of the first leaf in depth-first order, for the rows ``act``: the
+        alive slot without alive children of the lowest pre-order rank (deletions remove
+        leaves only, so the alive slots are a subtree and this is the walk from the root
+        down the first alive children)."""
+        B, k, g1 = self.alive.shape
+        kids = torch.zeros(B, k * g1, dtype=torch.int64, device=self.rows.device)
+        kids.scatter_add_(1, self.parent, self.alive[:, :, 1:].reshape(B, -1).long())
+        leaf = self.alive & (kids.view(B, k, g1) == 0)
+        at = torch.where(leaf, self.rank, k * g1).view(B, -1)[act].argmin(-1)
+        return at // g1, at % g1
 
     def laws(self, act: torch.Tensor, v: torch.Tensor, pd: torch.Tensor,
              fresh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The target and draft laws ``[A, V]`` (float64) of nodes ``(v, pd)`` of rows
         ``act``; ``fresh``: no rejection has touched the node yet."""
-        r = self.p[act, v, pd].to(torch.float64).div_(self.sp[act, v, pd].unsqueeze(-1))
+        r = torch.div(_rows(self.p, act, v, pd), self.sp[act, v, pd].unsqueeze(-1))  # float64
         old = torch.nonzero(~fresh).squeeze(1)
         if old.numel():
             r[old] = self.pool[self.home[act[old], pd[old]]]
-        s = self.q[act, v, pd].to(torch.float64).div_(self.sq[act, v, pd].unsqueeze(-1))
+        s = torch.div(_rows(self.q, act, v, pd), self.sq[act, v, pd].unsqueeze(-1))
         n = torch.where(fresh, 0, self.n_gone[act, pd])
         for h in range(int(n.max()) if n.numel() else 0):
             on = h < n
@@ -140,13 +163,16 @@ class _Trees:
         fresh = ~self.touched[act, v, pd]
         r, s = self.laws(act, v, pd, fresh)
         w = self.w[act, v, pd]
-        res = (w.unsqueeze(-1) * r - s).clamp_(min=0.0)
+        res = torch.mul(r, w.unsqueeze(-1)).sub_(s).clamp_(min=0.0)
         rho = res.sum(-1)
         den = rho + 1.0 - w
         # den = 0 needs w = 1 and r = s: then the rejection had probability 0
         self.w[act, v, pd] = torch.where(den > 0, rho / torch.where(den > 0, den, 1.0), 1.0)
-        r = torch.where((rho > 0).unsqueeze(-1),
-                        res.div_(torch.where(rho > 0, rho, 1.0).unsqueeze(-1)), r)
+        res.div_(torch.where(rho > 0, rho, 1.0).unsqueeze(-1))
+        empty = torch.nonzero(rho <= 0).squeeze(1)  # no residual: the law stays (rows, not a
+        if empty.numel():                           # select over [A, V], 5x slower on a CPU)
+            res[empty] = r[empty]
+        r = res
         self.store(act, pd, r)
         rest = 1.0 - s.gather(-1, t.unsqueeze(-1)).squeeze(-1)
         div = torch.where(rest > 0, rest, 1.0)
@@ -161,7 +187,7 @@ class _Trees:
         self.rt[at] = torch.where(kid[..., 0], r.gather(-1, x), self.rt[at])
         self.st[at] = torch.where(kid[..., 0], s_x, self.st[at])
         self.touched[act, v, pd] = True
-        self.reweigh()
+        self.reweigh(int(d.min()))  # nothing above the shallowest rejected leaf changed
 
     def stop_laws(self, j: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
         """The target laws ``[B, V]`` at the stops ``(j, d)``, as float64 weights: a touched
@@ -171,6 +197,13 @@ class _Trees:
         if hit.numel():
             out[hit] = self.pool[self.home[hit, d[hit]]]
         return out
+
+
+def _rows(x: torch.Tensor, act: torch.Tensor, v: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
+    """``x[act, v, d]`` ``[A, V]``: a view for one row (a gather would copy it)."""
+    if act.numel() == 1 and x.device.type == "cpu":
+        return x[int(act), int(v), int(d)].unsqueeze(0)
+    return x[act, v, d]
 
 
 def _node_sums(p: torch.Tensor, q: torch.Tensor,
