@@ -23,8 +23,8 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ["chunk_rows", "by_row_chunks", "row_sums", "normalised_rows", "residual_masses",
-           "residual_weights"]
+__all__ = ["chunk_rows", "by_row_chunks", "rows", "row_sums", "normalised_rows",
+           "residual_masses", "residual_weights"]
 
 #: float64 elements per chunk on the CPU (512 KiB: one row of V = 49152)
 CPU_CHUNK = 1 << 16
@@ -138,6 +138,14 @@ def _buffer(x: torch.Tensor, n: int) -> torch.Tensor | None:
     return torch.empty(step, x.shape[-1], dtype=torch.float64, device=x.device)
 
 
+def rows(x: torch.Tensor, index: Index) -> torch.Tensor:
+    """``x[index]`` ``[R, V]`` in ``x``'s dtype: a view for one row (on a CPU, where reading its
+    id costs no sync), a gather otherwise."""
+    if index[0].numel() == 1 and x.device.type == "cpu":
+        return x[tuple(int(i) for i in index)].unsqueeze(0)
+    return x[index]
+
+
 def row_sums(x: torch.Tensor, index: Index | None = None) -> torch.Tensor:
     """Float64 sums of the rows of ``x [..., V]``: ``[...]``, or ``[R]`` for ``x[index]``."""
     lead = _leading(x, index)
@@ -152,12 +160,16 @@ def row_sums(x: torch.Tensor, index: Index | None = None) -> torch.Tensor:
     return out.view(lead)
 
 
-def normalised_rows(x: torch.Tensor, index: Index | None = None) -> torch.Tensor:
+def normalised_rows(x: torch.Tensor, index: Index | None = None, *,
+                    out: torch.Tensor | None = None) -> torch.Tensor:
     """``x[index] / sum`` per row, float64 ``[R, V]`` (``[N, V]``, every row in order, when
     ``index`` is None): the laws the rules compute on (module doc). A row summing to 0 (no
-    law: only unvalidated input has one) stays 0."""
+    law: only unvalidated input has one) stays 0. ``out``: float64 rows to write into (its
+    first ``R``), for a caller that reuses them across calls."""
     n, take = _source(x, index)
-    out = torch.empty(n, x.shape[-1], dtype=torch.float64, device=x.device)
+    if out is None:
+        out = torch.empty(n, x.shape[-1], dtype=torch.float64, device=x.device)
+    out = out[:n]
     for lo, hi in _spans(n, x):
         o = out[lo:hi].copy_(take(lo, hi))
         s = o.sum(-1, keepdim=True)

@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 
 from .common import Verdict, assemble, check_inputs, coin_uniforms, sample_rows, sample_uniforms
-from .laws import normalised_rows
+from .laws import normalised_rows, rows
 from .rng import call_uniforms
 
 __all__ = ["StepFn", "walk_tree", "prepare_tree", "verify_tree", "first_true"]
@@ -50,10 +50,7 @@ def _laws_at(act: torch.Tensor, ref: torch.Tensor, i: int, *laws: torch.Tensor,
     if normalise:
         index = (act, ref, torch.full_like(act, i))
         return tuple(normalised_rows(law, index) for law in laws)
-    if act.numel() == 1:
-        b, j = int(act), int(ref)
-        return tuple(law[b, j, i].unsqueeze(0) for law in laws)
-    return tuple(law[act, ref, i] for law in laws)
+    return tuple(rows(law, (act, ref, i)) for law in laws)
 
 
 def walk_tree(

@@ -38,7 +38,7 @@ from typing import NamedTuple
 import torch
 
 from ...torch_backend.common import Verdict, assemble, sample_rows, search_cdf
-from ...torch_backend.laws import by_row_chunks, chunk_rows
+from ...torch_backend.laws import by_row_chunks, chunk_rows, normalised_rows
 from ...torch_backend.tree import first_true, prepare_tree
 from ..block.torch import can_pass, stop_probability, weights
 from . import RANKS, skewed
@@ -182,24 +182,12 @@ def _top_child(key: torch.Tensor, x: torch.Tensor,
     return torch.where(kx == best, x, -1).amax(-1), best.squeeze(-1)
 
 
-def _laws(x: torch.Tensor, b: torch.Tensor, r: torch.Tensor, d: torch.Tensor | int,
-          out: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(x[b, r, d] / sum, sum)``: rows ``[R, V]`` as float64 over their float64 sums ``[R, 1]``,
-    in ``out`` (one row on a CPU is read in place)."""
-    if b.numel() == 1 and x.device.type == "cpu":
-        rows = x[int(b), int(r), d if isinstance(d, int) else int(d)].unsqueeze(0)
-    else:
-        rows = x[b, r, d]
-    out = out[:b.numel()].copy_(rows)
-    sums = out.sum(-1, keepdim=True)
-    return out.div_(torch.where(sums > 0, sums, 1.0)), sums
-
-
 def _step(p, q, d: int, b, r, x, alive, rank: str, ws) -> torch.Tensor:
     """Depth ``d`` of requests ``b`` (node rows ``r``, children ``x [R, k]``, ``alive``):
     ``[R, 4]`` float64 columns, the highest-ranked child ``t``, ``p(t)``, ``q(t)``, ``F^-(t)``.
     ``ws``: four row buffers (:func:`workspace`)."""
-    (pn, _), (qn, _) = _laws(p, b, r, d, ws[0]), _laws(q, b, r, d, ws[1])
+    at = (b, r, torch.full_like(b, d))
+    pn, qn = normalised_rows(p, at, out=ws[0]), normalised_rows(q, at, out=ws[1])
     t, key_t = _top_child(rank_keys(pn.gather(-1, x), qn.gather(-1, x), rank), x, alive)
     col = t.unsqueeze(-1)
     p_t, q_t = pn.gather(-1, col).squeeze(-1), qn.gather(-1, col).squeeze(-1)
@@ -235,8 +223,8 @@ def select(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
 def _residual(p, q, sel: Selection, b, i, w, k: int, rank: str, ws) -> torch.Tensor:
     """``max(w p_i - q*_i, 0)`` ``[R, V]`` at the selected path's nodes ``(b, i)`` ``[R]``, in
     ``ws[0]`` (six row buffers, :func:`workspace`)."""
-    r = sel.rows[b, i]
-    (pn, _), (qn, _) = _laws(p, b, r, i, ws[0]), _laws(q, b, r, i, ws[1])
+    at = (b, sel.rows[b, i], i)
+    pn, qn = normalised_rows(p, at, out=ws[0]), normalised_rows(q, at, out=ws[1])
     qs = skewed(qn, mass_below(pn, qn, rank, ws[2:4]), sel.A[b, i, None], sel.m[b, i, None], k,
                 overwrite_below=True, work=tuple(w[:b.numel()] for w in ws[3:6]))
     return pn.mul_(w.unsqueeze(-1)).sub_(qs).clamp_(min=0.0)

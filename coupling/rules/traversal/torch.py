@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from ...torch_backend.common import Verdict, assemble, sample_rows
-from ...torch_backend.laws import row_sums
+from ...torch_backend.laws import row_sums, rows
 from ...torch_backend.tree import prepare_tree
 
 __all__ = ["verify", "walk", "slots", "preorder"]
@@ -130,11 +130,11 @@ class _Trees:
              fresh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The target and draft laws ``[A, V]`` (float64) of nodes ``(v, pd)`` of rows
         ``act``; ``fresh``: no rejection has touched the node yet."""
-        r = torch.div(_rows(self.p, act, v, pd), self.sp[act, v, pd].unsqueeze(-1))  # float64
+        r = torch.div(rows(self.p, (act, v, pd)), self.sp[act, v, pd].unsqueeze(-1))  # float64
         old = torch.nonzero(~fresh).squeeze(1)
         if old.numel():
             r[old] = self.pool[self.home[act[old], pd[old]]]
-        s = torch.div(_rows(self.q, act, v, pd), self.sq[act, v, pd].unsqueeze(-1))
+        s = torch.div(rows(self.q, (act, v, pd)), self.sq[act, v, pd].unsqueeze(-1))
         n = torch.where(fresh, 0, self.n_gone[act, pd])
         for h in range(int(n.max()) if n.numel() else 0):
             on = h < n
@@ -197,13 +197,6 @@ class _Trees:
         if hit.numel():
             out[hit] = self.pool[self.home[hit, d[hit]]]
         return out
-
-
-def _rows(x: torch.Tensor, act: torch.Tensor, v: torch.Tensor, d: torch.Tensor) -> torch.Tensor:
-    """``x[act, v, d]`` ``[A, V]``: a view for one row (a gather would copy it)."""
-    if act.numel() == 1 and x.device.type == "cpu":
-        return x[int(act), int(v), int(d)].unsqueeze(0)
-    return x[act, v, d]
 
 
 def _node_sums(p: torch.Tensor, q: torch.Tensor,
