@@ -166,15 +166,22 @@ def normalised_rows(x: torch.Tensor, index: Index | None = None, *,
     ``index`` is None): the laws the rules compute on (module doc). A row summing to 0 (no
     law: only unvalidated input has one) stays 0. ``out``: float64 rows to write into (its
     first ``R``), for a caller that reuses them across calls."""
-    n, take = _source(x, index)
+    one = index is not None and index[0].numel() == 1 and x.device.type == "cpu"
+    n, take = (1, None) if one else _source(x, index)  # one row (the common call): read in place
     if out is None:
         out = torch.empty(n, x.shape[-1], dtype=torch.float64, device=x.device)
+    if one:
+        return _normalise(out[:1].copy_(rows(x, index)))
     out = out[:n]
     for lo, hi in _spans(n, x):
-        o = out[lo:hi].copy_(take(lo, hi))
-        s = o.sum(-1, keepdim=True)
-        o.div_(torch.where(s > 0, s, 1.0))
+        _normalise(out[lo:hi].copy_(take(lo, hi)))
     return out
+
+
+def _normalise(o: torch.Tensor) -> torch.Tensor:
+    """Float64 rows ``o`` divided in place by their sums (a row of no mass stays 0)."""
+    s = o.sum(-1, keepdim=True)
+    return o.div_(torch.where(s > 0, s, 1.0))
 
 
 def residual_masses(p: torch.Tensor, q: torch.Tensor, index_p: Index, index_q: Index,

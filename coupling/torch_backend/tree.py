@@ -45,8 +45,8 @@ def first_true(mask: torch.Tensor) -> torch.Tensor:
 def _laws_at(act: torch.Tensor, ref: torch.Tensor, i: int, *laws: torch.Tensor,
              normalise: bool = False):
     """``law[act, ref, i]`` ``[A, V]`` for each law: with ``normalise``, float64 rows divided
-    by their sums (:func:`.laws.normalised_rows`); else views for one row (a step that reads
-    a few entries copies no V-vector), copies otherwise."""
+    by their sums (:func:`.laws.normalised_rows`); else :func:`.laws.rows` (a view for one
+    row on a CPU: a step that reads a few entries copies no V-vector)."""
     if normalise:
         index = (act, ref, torch.full_like(act, i))
         return tuple(normalised_rows(law, index) for law in laws)
