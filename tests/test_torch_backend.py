@@ -116,6 +116,15 @@ def test_dispatcher_refuses_unknown_names():
             control.torch  # noqa: B018
 
 
+def test_law_rows_are_read_detached():
+    """The rows the twins read carry no autograd graph, one row (read in place) or several."""
+    p = torch.rand(2, 3, 70_000, requires_grad=True)
+    for index in ((torch.tensor([1]), torch.tensor([2])),
+                  (torch.tensor([0, 1]), torch.tensor([2, 2]))):
+        assert not laws.rows(p, index).requires_grad
+        assert not laws.normalised_rows(p, index).requires_grad
+
+
 @pytest.mark.parametrize("name", list(RULES))
 def test_every_twin_takes_laws_that_require_grad(name):
     """Laws still attached to an autograd graph (a draft in training) verify as detached

@@ -140,7 +140,8 @@ def _buffer(x: torch.Tensor, n: int) -> torch.Tensor | None:
 
 def rows(x: torch.Tensor, index: Index) -> torch.Tensor:
     """``x[index]`` ``[R, V]`` in ``x``'s dtype: a view for one row (on a CPU, where reading its
-    id costs no sync), a gather otherwise."""
+    id costs no sync), a gather otherwise; detached, as :func:`_source` reads them."""
+    x = x.detach()
     if index[0].numel() == 1 and x.device.type == "cpu":
         return x[tuple(int(i) for i in index)].unsqueeze(0)
     return x[index]
