@@ -10,7 +10,7 @@ import torch
 from coupling import RULES
 from coupling.rules import traversal
 from coupling.rules.traversal import TraversalControl
-from coupling.rules.traversal.torch import preorder, slots
+from coupling.rules.traversal.torch import postorder, slots
 from coupling.rules.trie import build_trie
 from tests.rules.tree_twins import (
     assert_cuda_matches_cpu,
@@ -42,6 +42,18 @@ def test_same_uniforms_same_decisions_as_numpy(V, gamma, k, rep, conc, sparse):
     coins, u = rng.random((300, gamma, k)), rng.random((300, gamma + 1))
     assert twin_verdicts(TRAVERSAL, drafts, P, Q, coins, u, replacement=rep) \
         == numpy_verdicts(TRAVERSAL, drafts, P, Q, coins, u, replacement=rep)
+
+
+def test_rejections_without_residual_make_the_numpy_cores_decisions():
+    """Below the root the draft laws equal the target laws, so a rejected child leaves its
+    parent no residual (rho = 0: the parent's weight drops to 0 and its law stays); the twin
+    takes that path and still makes the numpy core's decisions."""
+    drafts, P, Q = drafted_trees(3, 3, 3, 300, seed=5)
+    Q[:, :, 1:] = P[:, :, 1:3]
+    rng = np.random.default_rng(1)
+    coins, u = rng.random((300, 3, 3)), rng.random((300, 4))
+    assert twin_verdicts(TRAVERSAL, drafts, P, Q, coins, u) \
+        == numpy_verdicts(TRAVERSAL, drafts, P, Q, coins, u)
 
 
 def test_keyed_uniforms_are_the_numpy_cores_and_batch_invariant():
@@ -96,21 +108,23 @@ def test_inputs_are_checked():
                                positions=0, accept_u=torch.zeros(2, 2, 3))
 
 
-def test_preorder_ranks_the_trie_depth_first():
-    """The slots' pre-order ranks order the trie's nodes as a recursive depth-first walk does
-    (children by first appearance), on random trees with shared prefixes."""
+def _postorder_walk(children: list[list[int]], node: int = 0) -> list[int]:
+    """The trie's nodes below ``node`` in depth-first post-order, recursively."""
+    return [n for c in children[node] for n in _postorder_walk(children, c)] + [node]
+
+
+def test_postorder_lists_the_trie_depth_first():
+    """The used slots in :func:`postorder` sequence are the trie's nodes in the order of a
+    recursive depth-first post-order walk (children by first appearance), the deletion order
+    of traversal's candidates, on random trees with shared prefixes; the unused slots
+    follow."""
     rng = np.random.default_rng(11)
     for _ in range(200):
         k, g = int(rng.integers(1, 6)), int(rng.integers(1, 5))
         drafts = rng.integers(0, 3, (k, g))
         trie = build_trie(drafts)
-        walk: list[int] = []
-        stack = [0]
-        while stack:
-            node = stack.pop()
-            walk.append(node)
-            stack.extend(reversed(trie.children[node]))
-        low, _ = slots(torch.tensor(drafts)[None])
-        rank = preorder(low)[0]
-        got = [int(rank[trie.branch[n], trie.depth(n)]) for n in walk]
-        assert got == sorted(got)
+        walk = _postorder_walk(trie.children)
+        seq_j, seq_d = postorder(slots(torch.tensor(drafts)[None])[0])
+        got = list(zip(seq_j[0].tolist(), seq_d[0].tolist(), strict=True))
+        assert got[: len(walk)] == [(trie.branch[n], trie.depth(n)) for n in walk]
+        assert len(set(got)) == k * (g + 1)
