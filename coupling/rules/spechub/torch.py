@@ -21,29 +21,37 @@ from . import RULE
 __all__ = ["verify", "step", "check_hub_roots", "draft_roots"]
 
 
-def _hub_pair(p, q, x, coins, u):
-    """The staged plan on rows whose two survivors ``x [R, 2]`` form a hub pair."""
+def _hub_pair(p, q, x, alive, coins, u):
+    """The staged plan on rows whose two survivors ``x [R, 2]`` form a hub pair (``alive``
+    unused: both survive). The hub's entries are zeroed by index, not by a mask in every
+    whole-row pass."""
     R = x.shape[0]
     rows = torch.arange(R, device=x.device)
     a = q.argmax(-1)                                               # [R] hub, first maximum
-    off = torch.ones_like(q, dtype=torch.bool)
-    off[rows, a] = False
-    qoff = torch.where(off, q, 0.0)
-    qa = q[rows, a].unsqueeze(1)
-    c = torch.where(off, qa * (q / qoff.sum(-1, keepdim=True)), 0.0)
-    p1 = torch.where(off, (p - q).clamp(min=0.0), 0.0)
-    L1 = torch.where(off, (q - p).clamp(min=0.0), 0.0).sum(-1)
-    L2 = (c - p1).clamp(min=0.0).sum(-1)
-    pa = p[rows, a]
+    qa, pa = q[rows, a], p[rows, a]
+    # c = q_a (q / q(off the hub)), 0 at the hub, in the numpy core's order (q_a / q(off)
+    # overflows where the rest is subnormal); sums over the tokens off the hub are taken with
+    # the hub's entry zeroed, not as the total less it (which cancels when q_a ~ 1)
+    c = q.clone()
+    c[rows, a] = 0.0
+    rest = c.sum(-1)
+    c.div_(torch.where(rest > 0, rest, 1.0).unsqueeze(1)).mul_(qa.unsqueeze(1))
+    p1 = (p - q).clamp_(min=0.0)
+    p1[rows, a] = 0.0
+    up = (q - p).clamp_(min=0.0)
+    up[rows, a] = 0.0
+    L1 = up.sum(-1)
+    L2 = (c - p1).clamp_(min=0.0).sum(-1)
     pa1 = (pa - L2).clamp(min=0.0)
-    pp = (p1 - c).clamp(min=0.0)
-    pp[rows, a] = (pa1 - L1).clamp(min=0.0)
+    pp = p1.sub_(c).clamp_(min=0.0)                                # p1 is read no more below
     hub_second = x[:, 1] == a
     i = torch.where(hub_second, x[:, 0], x[:, 1])                  # the non-hub draft
     c_i, c_h = (torch.where(hub_second, coins[:, 0], coins[:, 1]),
                 torch.where(hub_second, coins[:, 1], coins[:, 0]))
-    take_i = torch.where(hub_second, c_i * q[rows, i] < p[rows, i], c_i * c[rows, i] < p1[rows, i])
+    p1_i = (p[rows, i] - q[rows, i]).clamp(min=0.0)
+    take_i = torch.where(hub_second, c_i * q[rows, i] < p[rows, i], c_i * c[rows, i] < p1_i)
     take_a = torch.where(hub_second, c_h * L1 < pa1, c_h * L2 < pa)
+    pp[rows, a] = (pa1 - L1).clamp(min=0.0)
     resid = sample_rows(pp, u, fallback=p)
     return torch.where(take_i, i, torch.where(take_a, a, resid))
 
@@ -57,18 +65,26 @@ def step(p_i, q_i, x, alive, coins, u, i, act):
 
 
 def _step_rows(p_i, q_i, x, alive, coins, u):
-    B = x.shape[0]
-    rows = torch.arange(B, device=x.device)
     p, q = p_i.to(torch.float64), q_i.to(torch.float64)
+    pair = alive.sum(-1) == 2
+    y = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
+    for idx, rule in ((torch.nonzero(~pair).squeeze(1), _lone),
+                      (torch.nonzero(pair).squeeze(1), _hub_pair)):
+        if idx.numel() == x.shape[0]:
+            return rule(p, q, x, alive, coins, u)
+        if idx.numel():
+            y[idx] = rule(p[idx], q[idx], x[idx], alive[idx], coins[idx], u[idx])
+    return y
+
+
+def _lone(p, q, x, alive, coins, u):
+    """The token rule on rows with one survivor."""
+    rows = torch.arange(x.shape[0], device=x.device)
     j = first_true(alive)
     xs = x[rows, j]
     accept = coins[rows, j] * q[rows, xs] < p[rows, xs]
-    res = (p - q).clamp(min=0.0)
-    y = torch.where(accept | (res.sum(-1) <= 0), xs, sample_rows(res, u, fallback=p))
-    pair = torch.nonzero(alive.sum(-1) == 2).squeeze(1)
-    if pair.numel():
-        y[pair] = _hub_pair(p[pair], q[pair], x[pair], coins[pair], u[pair])
-    return y
+    res = (p - q).clamp_(min=0.0)
+    return torch.where(accept | (res.sum(-1) <= 0), xs, sample_rows(res, u, fallback=p))
 
 
 def draft_roots(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
