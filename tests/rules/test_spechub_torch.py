@@ -12,6 +12,8 @@ and its exact law.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -31,9 +33,11 @@ from .multidraft_helpers import (
     check_parity,
     check_single_step_law,
     chi2_pvalue,
+    core_verdict,
     own_law_trees,
     random_pq,
     single_step_counts,
+    twin_verdict,
 )
 
 HUB = RULES["spechub"]
@@ -48,6 +52,22 @@ def test_twin_decides_like_the_numpy_core():
 @given(V=st.integers(2, 6), g=st.integers(1, 3), data=st.data())
 def test_twin_decides_like_the_core_on_degenerate_laws(V, g, data):
     check_degenerate_parity(HUB, data, V, g, 2, False)
+
+
+def test_twin_decides_like_the_core_when_the_rest_off_the_hub_is_subnormal():
+    """``q_a = 1`` and the rest of ``q`` subnormal: ``c = q_a (q / rest)`` stays finite where
+    ``q (q_a / rest)`` overflows to ``inf`` and turns the zeros of ``q`` into NaN."""
+    tiny = 2.22507386e-309
+    P = np.array([[0.2] * 5, [1.0, 0.0, 0.0, 0.0, 0.0]])
+    Q = np.array([[0.0, 1.0, 0.0, tiny, tiny]])
+    Pt, Qt = (torch.tensor(P)[None, None].expand(1, 2, 2, 5),
+              torch.tensor(Q)[None, None].expand(1, 2, 1, 5))
+    for first, coins in itertools.product(([1, 3], [3, 1]), ([0.0, 0.0], [0.5, 0.9])):
+        Xt = torch.tensor(first).reshape(1, 2, 1)
+        c, u = np.array(coins).reshape(1, 2), np.array([0.3, 0.7])
+        assert twin_verdict(HUB, Xt, Pt, Qt, False, seeds=0, positions=0,
+                            accept_u=torch.tensor(c)[None], sample_u=torch.tensor(u)[None]) \
+            == core_verdict(HUB, Xt, Pt, Qt, c, u, False)
 
 
 def test_k1_is_token_coin_for_coin():
