@@ -19,7 +19,8 @@ Glossary (shapes in brackets)
 * *fixed* nodes (a child rejected) are ancestors of the candidate, at most one per depth: the
   target law of the fixed node at depth ``d`` of request ``b`` is a float64 row of a pool
   (``home [B, g]``), and its draft law is ``q`` times ``scale [B, g]`` (``1 / sum q`` divided
-  by each rejection's ``1 - s(t)``), 0 at the rejected tokens, where the target law is 0 too.
+  by each rejection's ``1 - s(t)``) off the rejected tokens: a rejection sets the target law
+  to 0 at its token, so no residual reads the draft law there and it is never zeroed.
 
 Laws are the normalised ``p / sum p`` and ``q / sum q`` (:mod:`coupling.torch_backend.laws`).
 The float64 sums are read a path at a time, at the path's first candidate
@@ -188,9 +189,9 @@ class _Trees:
         if new.numel():
             need = self.used + new.numel()
             if need > self.pool.shape[0]:
-                rows = self.B * self.g if act.device.type == "cpu" \
+                size = self.B * self.g if act.device.type == "cpu" \
                     else max(need, 2 * self.pool.shape[0])
-                grown = self.pool.new_empty(rows, self.pool.shape[1])
+                grown = self.pool.new_empty(size, self.pool.shape[1])
                 grown[: self.used] = self.pool[: self.used]
                 self.pool = grown
             self.home[act[new], pd[new]] = torch.arange(self.used, need, device=act.device)
