@@ -29,6 +29,8 @@ baseline, rule, ...; call ``r`` of both on tree ``r mod trees``; each of the twi
 other seeds but ``gumbel``'s, whose drafts hold its keys), the ratio of the two medians and
 the twin's mean accepted length over the trees. One tree decides little: a rule's cost
 depends on how far its walk goes (optimal's exact race runs only where two drafts survive).
+The optimal rule's plan cache is emptied before each twin call: the repeats reuse the trees,
+where a serving engine brings new laws to every call.
 CUDA timings use CUDA events.
 
 The memory table: the peak memory above the live inputs during one call, against one copy of
@@ -62,6 +64,7 @@ import torch
 
 from coupling import RULES
 from coupling.rules.gumbel.torch import draft as gumbel_draft
+from coupling.rules.optimal import clear_plan_cache
 
 VOCAB = 49152
 GAMMA = 8
@@ -228,7 +231,10 @@ def cases(B: int, k: int, g: int, V: int, kind: str, device: str, n_trees: int,
 
         def twin(rep: int = 0, rule=rule, calls=calls, shift=name != "gumbel",
                  replacement=replacement):
-            # each repeat draws other uniforms (gumbel's drafts hold its keys: they stay)
+            # each repeat draws other uniforms (gumbel's drafts hold its keys: they stay);
+            # in serving every call brings new laws, so no plan built for a tree's laws may
+            # serve a later call on the same tree
+            clear_plan_cache()
             d, p, q, seeds, pos = calls[rep % len(calls)]
             return rule.torch.verify(d, p, q, seeds=seeds + 7919 * rep * shift, positions=pos,
                                      replacement=replacement, validate=False)
