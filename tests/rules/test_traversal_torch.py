@@ -10,6 +10,7 @@ import torch
 from coupling import RULES
 from coupling.rules import traversal
 from coupling.rules.traversal import TraversalControl
+from coupling.rules.traversal import torch as traversal_torch
 from coupling.rules.traversal.torch import postorder, slots
 from coupling.rules.trie import build_trie
 from tests.rules.tree_twins import (
@@ -51,6 +52,17 @@ def test_rejections_without_residual_make_the_numpy_cores_decisions():
     drafts, P, Q = drafted_trees(3, 3, 3, 300, seed=5)
     Q[:, :, 1:] = P[:, :, 1:3]
     rng = np.random.default_rng(1)
+    coins, u = rng.random((300, 3, 3)), rng.random((300, 4))
+    assert twin_verdicts(TRAVERSAL, drafts, P, Q, coins, u) \
+        == numpy_verdicts(TRAVERSAL, drafts, P, Q, coins, u)
+
+
+def test_a_pool_that_doubles_makes_the_same_decisions(monkeypatch):
+    """The pool of target laws grown by doubling (as on an accelerator) instead of reserved
+    whole (as on a CPU): the numpy core's decisions on trees that reject deep."""
+    monkeypatch.setattr(traversal_torch, "RESERVE_WHOLE", frozenset())
+    drafts, P, Q = drafted_trees(4, 3, 3, 300, seed=7, conc=0.3)
+    rng = np.random.default_rng(3)
     coins, u = rng.random((300, 3, 3)), rng.random((300, 4))
     assert twin_verdicts(TRAVERSAL, drafts, P, Q, coins, u) \
         == numpy_verdicts(TRAVERSAL, drafts, P, Q, coins, u)

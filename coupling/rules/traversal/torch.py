@@ -55,6 +55,12 @@ __all__ = ["verify", "walk", "slots", "postorder"]
 
 Nodes = tuple[torch.Tensor, torch.Tensor, torch.Tensor]   # (request, slot path, depth), [A]
 
+#: device types on which the pool of target laws is reserved whole (``B g`` rows) at the first
+#: rejection: a CPU allocation's untouched pages cost nothing, where growing it cost a copy
+#: and fresh page faults per doubling; an accelerator's allocator commits the whole block, so
+#: elsewhere the pool doubles
+RESERVE_WHOLE = frozenset({"cpu"})
+
 
 def slots(drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(low, owner)`` of ``drafts [B, k, g]``, both ``[B, k, g + 1]``: the lowest path with
@@ -181,15 +187,12 @@ class _Trees:
         return self.seq_j[act].gather(1, at).squeeze(1), self.seq_d[act].gather(1, at).squeeze(1)
 
     def place(self, act: torch.Tensor, pd: torch.Tensor) -> torch.Tensor:
-        """The pool rows of ``(act, pd)``, allocating the missing. On a CPU the pool is
-        reserved whole (``B g`` rows) at the first rejection, as an allocation's untouched
-        pages cost nothing there, where growing it cost a copy and fresh page faults per
-        doubling; an accelerator's allocator commits the whole block, so there it doubles."""
+        """The pool rows of ``(act, pd)``, allocating the missing (:data:`RESERVE_WHOLE`)."""
         new = torch.nonzero(self.home[act, pd] < 0).squeeze(1)
         if new.numel():
             need = self.used + new.numel()
             if need > self.pool.shape[0]:
-                size = self.B * self.g if act.device.type == "cpu" \
+                size = self.B * self.g if act.device.type in RESERVE_WHOLE \
                     else max(need, 2 * self.pool.shape[0])
                 grown = self.pool.new_empty(size, self.pool.shape[1])
                 grown[: self.used] = self.pool[: self.used]
