@@ -87,13 +87,13 @@ def hit_prefixes(q: np.ndarray, k: int, replacement: bool, order: np.ndarray) ->
     digits to cancellation (e.g. a token with ``q`` close to 1 drawn without replacement).
     """
     qs = q[order]
+    if replacement and k > 1:
+        # 1 - (1 - s)^k with 1 - s taken as the tail sum q(C_m), C_m = order[m:] (accurate
+        # when s is close to 1)
+        return 1.0 - np.concatenate([np.cumsum(qs[::-1])[::-1], [0.0]]) ** k
     head_q = np.concatenate([[0.0], np.cumsum(qs)])  # q(H_m)
-    tail_q = np.concatenate([np.cumsum(qs[::-1])[::-1], [0.0]])  # q(C_m), C_m = order[m:]
     if k == 1:
         return head_q
-    if replacement:
-        # 1 - (1 - s)^k with 1 - s taken as the tail sum (accurate when s is close to 1)
-        return 1.0 - tail_q**k
     if k == 2:
         # P(hit) = q(H) + sum_{a in C} q_a q(H) / (1 - q_a) = q(H) (1 + A_C) + the term of b.
         # Only the likeliest token b can have 1 - q_b < 1/2; when it is tiny (subnormal),
