@@ -211,16 +211,10 @@ class _Trees:
         if bool(fresh.all()):   # (w / sum p) p: one pass over each row
             return torch.mul(rows(self.p, nodes), (w / self.sp[nodes]).unsqueeze(-1), out=out)
         if not bool(fresh.any()):
-            return torch.mul(self._pool_rows(home), w.unsqueeze(-1), out=out)
+            return torch.mul(rows(self.pool, (home,)), w.unsqueeze(-1), out=out)
         torch.mul(rows(self.p, nodes), (w / self.sp[nodes]).unsqueeze(-1), out=out)
         out[~fresh] = self.pool[home[~fresh]] * w[~fresh].unsqueeze(-1)
         return out
-
-    def _pool_rows(self, home: torch.Tensor) -> torch.Tensor:
-        """The pool rows ``home``: a view for one row on a CPU, a gather otherwise."""
-        if home.numel() == 1 and home.device.type == "cpu":
-            return self.pool[int(home):].narrow(0, 0, 1)
-        return self.pool[home]
 
     def target(self, nodes: Nodes, fresh: torch.Tensor, home: torch.Tensor) -> torch.Tensor:
         """The target laws ``r`` ``[n, V]`` (float64) of ``nodes`` (:meth:`weighted_target`)."""
@@ -243,7 +237,7 @@ class _Trees:
             res.scatter_(-1, t[c].unsqueeze(-1), 0.0)
             total = torch.sum(res, -1, out=rho[c])
             if home[c].numel() == 1 and home.device.type == "cpu" and float(total) > 0:
-                torch.div(res, total, out=self._pool_rows(home[c]))  # in place: one pass
+                torch.div(res, total, out=rows(self.pool, (home[c],)))  # a view: one pass
                 continue
             res.div_(torch.where(total > 0, total, 1.0).unsqueeze(-1))
             empty = torch.nonzero(total <= 0).squeeze(1)
