@@ -95,15 +95,27 @@ class RacePlan:
     """The race through the cut for one validated ``(p, q, k)`` (module doc).
 
     ``in_h``, ``logw_a`` / ``logw_b`` (``-inf`` where a token does not race in that part) and
-    ``log_theta`` are all a call needs; the exact loads, the residual law and the rejected
-    mass are computed on first use (a sampler needs them only after a rejection).
+    ``log_theta`` are all a call needs. Part A's weights, the exact loads, the residual law
+    and the rejected mass are computed on first use: a call reads part A's weights only when
+    a draft lies in ``H`` (with ``k`` drafts, probability ``1 - b^k``, about 0.1 on softmax
+    laws), and the rest only after a rejection.
     """
 
-    def __init__(self, p, q, k, in_h, order_a, logw_a, order_b, logw_b, log_theta, optimum):
-        self.p, self.q, self.k, self.in_h = p, q, k, in_h
+    def __init__(self, p, q, k, in_h, b, order_a, order_b, logw_b, log_theta, optimum):
+        self.p, self.q, self.k, self.in_h, self.b = p, q, k, in_h, b    # b = 1 - q(H)
         self.order_a, self.order_b = order_a, order_b          # racing tokens, weight ascending
-        self.logw_a, self.logw_b, self.log_theta = logw_a, logw_b, log_theta
+        self.logw_b, self.log_theta = logw_b, log_theta
         self.optimum = optimum
+
+    @functools.cached_property
+    def logw_a(self) -> np.ndarray:
+        """Part A's log-weights ``[V]`` (``-inf`` off ``H`` and where ``q = 0``)."""
+        logw = np.full(self.p.size, -np.inf)
+        tok = self.order_a[::-1]                               # join order: ratio increasing
+        if tok.size:
+            logw[tok] = 0.0 if self.k == 1 else _part(self.p[tok], self.q[tok], self.k,
+                                                      self.b, +1.0)[0]
+        return logw
 
     @functools.cached_property
     def loads_a(self) -> np.ndarray:
@@ -167,40 +179,84 @@ def _join_times(r: np.ndarray, kappa: np.ndarray, hi: np.ndarray, k: int, a: flo
     error is then ~1e-18), when the slope vanishes (a double root) or at ``hi``. The roots only
     place the weights: the plan stays exact whatever their error (module doc).
     """
-    t = np.zeros_like(r)
-    if sign < 0 and a > 0:
-        # the root has G(t) = kappa + r t >= kappa: it lies right of G(t0) = kappa, where
-        # f(t0) = -r t0 <= 0, a valid start (nearly the root for the small ratios of a long tail)
-        t = np.clip(a - np.clip(a**k - kappa, 0.0, None) ** (1.0 / k), 0.0, hi)
-    elif sign > 0 and k >= 2:
-        # G's binomial terms are all non-negative, so its first two, c1 t + c2 t^2, lie below
-        # it: the quadratic's smallest root is left of f's (a valid start), and is f's own
-        # root for k = 2
-        c1, c2 = k * a ** (k - 1), 0.5 * k * (k - 1) * a ** (k - 2) if k > 2 else 1.0
-        with np.errstate(over="ignore", invalid="ignore"):   # a huge ratio: no start, t = 0
-            disc = (r - c1) ** 2 + 4.0 * c2 * kappa
-            root = 2.0 * (-kappa) / ((r - c1) + np.sqrt(np.maximum(disc, 0.0)))
-        t = np.where((disc >= 0) & np.isfinite(root) & (root > 0), np.minimum(root, hi), 0.0)
     scale = a ** (k - 1) if a > 0 else 0.0
-    idx, rr, kk, hh, tt = np.arange(r.size), r, kappa, hi, t.copy()
-    live = np.ones(r.size, dtype=bool)      # over idx: the roots still moving
+    if r.size == 0:
+        return r.copy()
+    if sign < 0 and a > 0:
+        t = _start_b(r, kappa, hi, k, a, scale)
+    elif sign > 0 and k >= 2:
+        t = _start_a(r, kappa, hi, k, a)
+    else:
+        t = np.zeros_like(r)
+    idx, rr, kk, hh, tt = None, r, kappa, hi, t         # idx None: every root is in tt
+    live = np.ones(r.size, dtype=bool)      # over tt: the roots still moving
     for _ in range(NEWTON_STEPS):
-        if idx.size == 0:
-            break
         f, df = _newton_terms(tt, rr, kk, k, a, sign, scale)
         with np.errstate(divide="ignore", invalid="ignore"):
-            step = -f / df
-        good = live & (step > 0) & np.isfinite(step)
-        new = np.minimum(tt + np.where(good, step, 0.0), hh)    # a stopped root stays put
-        t[idx] = new
+            back = f / df                                        # minus the Newton step
+        good = live & (back < 0) & (back > -np.inf)              # a finite step to the right
+        new = np.minimum(tt - np.where(good, back, 0.0), hh)    # a stopped root stays put
         live = good & (new - tt > 1e-9 * new) & (new < hh)
         tt = new
         # drop the stopped roots once a quarter of them have stopped (each drop copies
         # five arrays; the first iterations stop almost none)
-        if 4 * np.count_nonzero(live) < 3 * live.size:
-            idx, rr, kk, hh, tt, live = idx[live], rr[live], kk[live], hh[live], tt[live], \
-                live[live]
+        n_live = np.count_nonzero(live)
+        if 4 * n_live < 3 * live.size:
+            if idx is None:
+                t, idx = tt, np.flatnonzero(live)
+            else:
+                t[idx] = tt
+                idx = idx[live]
+            if n_live == 0:
+                return t
+            rr, kk, hh, tt, live = rr[live], kk[live], hh[live], tt[live], live[live]
+    if idx is None:
+        return tt
+    t[idx] = tt
     return t
+
+
+def _start_a(r: np.ndarray, kappa: np.ndarray, hi: np.ndarray, k: int,
+             a: float) -> np.ndarray:
+    """Part A's Newton start (:func:`_join_times`): G's binomial terms are all non-negative,
+    so its first two, ``c1 t + c2 t^2``, lie below it; the quadratic's smallest root is left of
+    f's (a valid start), and is f's own root for ``k = 2``."""
+    c1, c2 = k * a ** (k - 1), 0.5 * k * (k - 1) * a ** (k - 2) if k > 2 else 1.0
+    with np.errstate(over="ignore", invalid="ignore"):   # a huge ratio: no start, t = 0
+        disc = (r - c1) ** 2 + 4.0 * c2 * kappa
+        root = 2.0 * (-kappa) / ((r - c1) + np.sqrt(np.maximum(disc, 0.0)))
+    return np.where((disc >= 0) & np.isfinite(root) & (root > 0), np.minimum(root, hi), 0.0)
+
+
+def _start_b(r: np.ndarray, kappa: np.ndarray, hi: np.ndarray, k: int, a: float,
+             scale: float) -> np.ndarray:
+    """Part B's Newton start (:func:`_join_times`), left of the root and, on softmax laws,
+    within about 1e-6 of it: one Newton step then reaches the root to rounding.
+
+    * ``t0`` with ``G(t0) = kappa`` is left of the root: ``f(t0) = -r t0 <= 0``.
+    * Right of ``t0``, ``G''' = k (k-1) (k-2) (a - t)^(k-3) >= 0``, so ``G`` lies above its
+      quadratic Taylor polynomial at ``t0``; where ``f``'s quadratic minorant so formed has a
+      root ``t_q``, ``f(t_q) >= 0``: the root lies in ``[t0, t_q]``.
+    * ``f`` is concave, so it lies below its tangent at ``t_q``: where ``f'(t_q) > 0`` the
+      tangent's root (a Newton step back) is left of the root again, with about the square
+      of ``t_q``'s error. Elsewhere the start is ``t0``.
+    """
+    w0 = np.maximum(a**k - kappa, 0.0) ** (1.0 / k)
+    t0 = np.minimum(np.maximum(a - w0, 0.0), hi)
+    w0 = a - t0
+    wk2 = w0 if k >= 3 else np.ones_like(w0)   # w0^(k-2) by products (a float power is slower)
+    for _ in range(k - 3):
+        wk2 = wk2 * w0
+    d2 = (0.5 * k * (k - 1)) * wk2                            # -G''(t0) / 2
+    rt0 = r * t0
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        slack = (k * w0) * wk2 - r if k >= 2 else 1.0 - r     # f'(t0)
+        disc = slack * slack - 4.0 * d2 * rt0                 # NaN roots fail ok below
+        tq = np.minimum(t0 + 2.0 * rt0 / (slack + np.sqrt(disc)), hi)
+        f, df = _newton_terms(tq, r, kappa, k, a, -1.0, scale)
+        back = tq - f / df
+    ok = (slack > 0) & (df > 0) & np.isfinite(back)
+    return np.where(ok, np.minimum(np.maximum(back, t0), hi), t0)
 
 
 def _newton_terms(tt: np.ndarray, rr: np.ndarray, kk: np.ndarray, k: int, a: float,
@@ -220,31 +276,35 @@ def _newton_terms(tt: np.ndarray, rr: np.ndarray, kk: np.ndarray, k: int, a: flo
     return scale * tt * acc - rr * tt - kk, (k * scale) * zi - rr
 
 
-def _log_weights(q: np.ndarray, join: np.ndarray) -> np.ndarray:
-    """``log E`` at each token's join (tokens in join order): between joins ``E`` shrinks with
-    the group's remaining mass; a group exhausted exactly starts a new epoch. Made
-    non-increasing exactly (rounding could otherwise reorder equal weights)."""
-    before = np.maximum(np.concatenate([[0.0], np.cumsum(q)[:-1]]) - join, 0.0)
+def _log_weights(q: np.ndarray, before: np.ndarray, join: np.ndarray) -> np.ndarray:
+    """``log E`` at each token's join (tokens in join order; ``before`` the mass of the tokens
+    ahead of each): between joins ``E`` shrinks with the group's remaining mass; a group
+    exhausted exactly starts a new epoch. Made non-increasing exactly (rounding could
+    otherwise reorder equal weights)."""
+    left = np.maximum(before - join, 0.0)
     with np.errstate(divide="ignore"):
-        step = np.where(before[1:] > 0, np.log(before[1:]), -EPOCH_GAP) - np.log(before[:-1]
-                                                                                + q[:-1])
+        step = np.where(left[1:] > 0, np.log(left[1:]), -EPOCH_GAP) - np.log(left[:-1]
+                                                                            + q[:-1])
     return np.minimum.accumulate(np.concatenate([[0.0], np.cumsum(step)]))
 
 
-def _part(p: np.ndarray, q: np.ndarray, tok: np.ndarray, k: int, a: float,
+def _part(pt: np.ndarray, qt: np.ndarray, k: int, a: float,
           sign: float) -> tuple[np.ndarray, np.ndarray]:
-    """``(log weights, join times)`` of one part's tokens ``tok``, in join order."""
-    qt, pt = q[tok], p[tok]
+    """``(log weights, join times)`` of one part's tokens, their laws ``pt, qt`` in join
+    order."""
     before = np.concatenate([[0.0], np.cumsum(qt)[:-1]])        # q(J_y): the group's mass
     with np.errstate(over="ignore", invalid="ignore"):
         r = pt / qt                                              # inf for a subnormal q
         kappa = np.concatenate([[0.0], np.cumsum(pt)[:-1]]) - r * before
     kappa = np.minimum(kappa, 0.0) if sign > 0 else np.maximum(kappa, 0.0)
     finite = np.isfinite(r) & np.isfinite(kappa)
-    t = before.copy()              # an infinite ratio joins when the group is exhausted
-    t[finite] = _join_times(r[finite], kappa[finite], before[finite], k, a, sign)
+    if finite.all():
+        t = _join_times(r, kappa, before, k, a, sign)
+    else:
+        t = before.copy()          # an infinite ratio joins when the group is exhausted
+        t[finite] = _join_times(r[finite], kappa[finite], before[finite], k, a, sign)
     t = np.maximum.accumulate(t)
-    return _log_weights(qt, t), t
+    return _log_weights(qt, before, t), t
 
 
 def race_plan(p: np.ndarray, q: np.ndarray, k: int) -> RacePlan:
@@ -254,23 +314,22 @@ def race_plan(p: np.ndarray, q: np.ndarray, k: int) -> RacePlan:
     in_h = np.zeros(V, dtype=bool)
     in_h[order[:m]] = True
     head, tail = order[:m], order[m:]
-    b = float(q[tail].sum())                                     # 1 - q(H)
-    logw_a, logw_b = np.full(V, -np.inf), np.full(V, -np.inf)
-    a_tok = head[q[head] > 0][::-1]                              # join order: ratio increasing
-    if a_tok.size:
-        logw_a[a_tok] = 0.0 if k == 1 else _part(p, q, a_tok, k, b, +1.0)[0]
-    b_tok = tail[(q[tail] > 0) & (p[tail] > 0)]                  # join order: ratio decreasing
+    q_tail, p_tail = q[tail], p[tail]
+    b = float(q_tail.sum())                                      # 1 - q(H)
+    logw_b = np.full(V, -np.inf)
+    races = (q_tail > 0) & (p_tail > 0)                          # p = 0 is silent
+    b_tok, qb, pb = (tail, q_tail, p_tail) if races.all() else \
+        (tail[races], q_tail[races], p_tail[races])              # join order: ratio decreasing
     log_theta = -np.inf
     if b_tok.size and b > 0:
-        lw, t = _part(p, q, b_tok, k, b, -1.0)
+        lw, t = _part(pb, qb, k, b, -1.0)
         logw_b[b_tok] = lw
-        qb = q[b_tok]
-        reject = max(b**k - float(p[tail].sum()), 0.0)
+        reject = max(b**k - float(p_tail.sum()), 0.0)
         end = b - reject ** (1.0 / k)                            # D(end) = p(H^c)
         left = float(qb.sum()) - end                             # racing mass left at the end
         last = max(float(qb[:-1].sum()) - t[-1], 0.0) + qb[-1]   # ... after the last join
         if left > 0:
             log_theta = float(lw[-1] + np.log(left) - np.log(last))
     # weight order ascending = join order reversed (the weights never increase along it)
-    return RacePlan(p, q, k, in_h, a_tok[::-1], logw_a, b_tok[::-1], logw_b, log_theta,
+    return RacePlan(p, q, k, in_h, b, head[q[head] > 0], b_tok[::-1], logw_b, log_theta,
                     optimum)
