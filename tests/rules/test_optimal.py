@@ -272,3 +272,21 @@ def test_verify_reads_the_plan_row_of_the_drafted_tuple():
                 assert opt.verify(p, q, x, u, replacement=replacement) == y
     with pytest.raises(ValueError, match="no draft tuple of this rule"):
         opt.verify(p, q, np.array([2, 2]), 0.5, replacement=False)
+
+
+def test_the_plan_cache_serves_equal_laws_and_only_them():
+    """Equal laws in new arrays reuse the cached plan; laws that differ only where the cache
+    key does not look (it samples 64 entries) get a plan of their own, as does a law changed
+    in place after the call."""
+    rng = np.random.default_rng(3)
+    V = 128                                          # the key samples every 2nd entry
+    p, q = rng.dirichlet(np.ones(V)), rng.dirichlet(np.ones(V))
+    opt.clear_plan_cache()
+    plan = opt.set_plan(p, q, 2, True)
+    assert opt.set_plan(p.copy(), q.copy(), 2, True) is plan
+    p2 = p.copy()
+    p2[[1, 3]] = p2[[3, 1]]                          # off the sampled entries
+    other = opt.set_plan(p2, q, 2, True)
+    assert other is not plan and np.array_equal(other.plan.p, p2)
+    p[[1, 3]] = p[[3, 1]]                            # the first array, changed in place
+    assert opt.set_plan(p, q, 2, True) is other

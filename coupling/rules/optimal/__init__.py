@@ -70,13 +70,22 @@ SAMPLERS = ("auto", "race", "plan")
 _cache: OrderedDict = OrderedDict()
 
 
-def _memo(key: tuple, build):
-    """The cached plan of ``key`` (LRU of :data:`CACHE_SIZE`), built by ``build()`` on a miss."""
+def _memo(params: tuple, laws: tuple[np.ndarray, ...], build):
+    """The cached plan of ``laws`` and ``params`` (LRU of :data:`CACHE_SIZE`), built by
+    ``build()`` on a miss.
+
+    The key holds 64 entries of each law, and a hit is confirmed by comparing the whole laws
+    with the copies stored beside the plan: hashing two full laws of 49152 entries cost more
+    (0.2 ms) than looking a plan up should, where serving brings new laws every call.
+    """
+    key = params + tuple((a.shape, a[:: max(1, a.size // 64)].tobytes()) for a in laws)
     hit = _cache.get(key)
-    if hit is not None:
+    if hit is not None and all(map(np.array_equal, hit[0], laws)):
         _cache.move_to_end(key)
-        return hit
-    _cache[key] = value = build()
+        return hit[1]
+    value = build()
+    _cache[key] = (tuple(a.copy() for a in laws), value)
+    _cache.move_to_end(key)
     while len(_cache) > CACHE_SIZE:
         _cache.popitem(last=False)
     return value
@@ -112,8 +121,7 @@ def set_plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> SetPlan
             f"the optimal plan for k={k} >= 2 drafts would have T*V = {T * V:.3g} entries "
             f"(> {MAX_PLAN_ENTRIES:.3g}); {fix}. Use optimal_acceptance for the number, or "
             "rrs/kseq to sample")
-    return _memo(("plan", p.tobytes(), q.tobytes(), k, replacement),
-                 lambda: SetPlan(p, q, k, replacement))
+    return _memo(("plan", k, replacement), (p, q), lambda: SetPlan(p, q, k, replacement))
 
 
 def uses_race(U: int, k: int, replacement: bool, sampler: str = "auto") -> bool:
@@ -132,13 +140,16 @@ def _on_support(p: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray, n
     optimal, laws one ulp apart (the same law normalised in another summation order) may
     select different ones: each is lossless and optimal, but the output law given the drafts
     is the selected plan's."""
-    support = np.flatnonzero((p > 0) | (q > 0))
+    on = (p > 0) | (q > 0)
+    if on.all():                                    # full support: no gathers
+        return np.arange(p.size), p / p.sum(), q / q.sum()
+    support = np.flatnonzero(on)
     ps, qs = p[support], q[support]
     return support, ps / ps.sum(), qs / qs.sum()
 
 
 def _race(ps: np.ndarray, qs: np.ndarray, k: int) -> RacePlan:
-    return _memo(("race", ps.tobytes(), qs.tobytes(), k), lambda: race_plan(ps, qs, k))
+    return _memo(("race", k), (ps, qs), lambda: race_plan(ps, qs, k))
 
 
 def race_verify(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, u: np.ndarray) -> int:
