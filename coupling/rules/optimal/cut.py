@@ -65,14 +65,16 @@ __all__ = ["optimal_acceptance", "optimal_cut", "ratio_order", "hit_prefixes", "
 def ratio_order(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Token order by ``p/q`` decreasing; ``q = 0 < p`` first, ``p = q = 0`` last."""
     m = q > 0
+    full = bool(m.all())                       # no q = 0: no masks (a full-support softmax)
     with np.errstate(over="ignore"):
-        ratio = np.where(m, p / np.where(m, q, 1.0), np.inf)
-    if np.isinf(ratio[m]).any():
+        ratio = p / q if full else np.where(m, p / np.where(m, q, 1.0), np.inf)
+    if np.isinf(ratio if full else ratio[m]).any():
         # p / (subnormal q) overflows, and overflowed ratios would tie with each other and
         # with q = 0 < p; their order decides the cut without replacement: compare logarithms
         with np.errstate(divide="ignore"):
             ratio = np.where(m, np.log(p) - np.log(np.where(m, q, 1.0)), np.inf)
-    ratio[(p == 0) & ~m] = -np.inf
+    if not full:
+        ratio[(p == 0) & ~m] = -np.inf
     # numpy's default (SIMD quicksort) argsort is ~7x faster than a stable sort here; the
     # order inside a group of equal ratios is irrelevant with replacement (the objective is
     # concave along a tie group, so the best cut takes all of it or none); without

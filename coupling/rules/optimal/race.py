@@ -241,20 +241,31 @@ def _start_b(r: np.ndarray, kappa: np.ndarray, hi: np.ndarray, k: int, a: float,
       tangent's root (a Newton step back) is left of the root again, with about the square
       of ``t_q``'s error. Elsewhere the start is ``t0``.
     """
-    w0 = np.maximum(a**k - kappa, 0.0) ** (1.0 / k)
+    # in place where it reads as well: each fresh array of this size costs page faults
+    w0 = np.maximum(a**k - kappa, 0.0)
+    np.power(w0, 1.0 / k, out=w0)
     t0 = np.minimum(np.maximum(a - w0, 0.0), hi)
-    w0 = a - t0
+    np.subtract(a, t0, out=w0)
     wk2 = w0 if k >= 3 else np.ones_like(w0)   # w0^(k-2) by products (a float power is slower)
     for _ in range(k - 3):
         wk2 = wk2 * w0
-    d2 = (0.5 * k * (k - 1)) * wk2                            # -G''(t0) / 2
     rt0 = r * t0
     with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
         slack = (k * w0) * wk2 - r if k >= 2 else 1.0 - r     # f'(t0)
-        disc = slack * slack - 4.0 * d2 * rt0                 # NaN roots fail ok below
-        tq = np.minimum(t0 + 2.0 * rt0 / (slack + np.sqrt(disc)), hi)
+        # the quadratic minorant's root: h = 2 r t0 / (slack + sqrt(slack^2 - 4 d2 r t0)),
+        # d2 = -G''(t0) / 2 (NaN where it has none: ok fails below)
+        den = wk2 * ((2.0 * k * (k - 1)) if k >= 2 else 0.0)
+        den *= rt0
+        np.subtract(slack * slack, den, out=den)
+        np.sqrt(den, out=den)
+        den += slack
+        tq = np.divide(rt0, den, out=den)
+        tq *= 2.0
+        tq += t0
+        np.minimum(tq, hi, out=tq)
         f, df = _newton_terms(tq, r, kappa, k, a, -1.0, scale)
-        back = tq - f / df
+        back = np.divide(f, df, out=f)
+        np.subtract(tq, back, out=back)
     ok = (slack > 0) & (df > 0) & np.isfinite(back)
     return np.where(ok, np.minimum(np.maximum(back, t0), hi), t0)
 
