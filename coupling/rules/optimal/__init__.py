@@ -75,8 +75,9 @@ def _memo(params: tuple, laws: tuple[np.ndarray, ...], build):
     ``build()`` on a miss.
 
     The key holds 64 entries of each law, and a hit is confirmed by comparing the whole laws
-    with the copies stored beside the plan: hashing two full laws of 49152 entries cost more
-    (0.2 ms) than looking a plan up should, where serving brings new laws every call.
+    with those stored beside the plan: hashing two full laws of 49152 entries cost more
+    (0.2 ms) than looking a plan up should, where serving brings new laws every call. The
+    laws are stored as given: callers pass arrays no one else writes to.
     """
     key = params + tuple((a.shape, a[:: max(1, a.size // 64)].tobytes()) for a in laws)
     hit = _cache.get(key)
@@ -84,7 +85,7 @@ def _memo(params: tuple, laws: tuple[np.ndarray, ...], build):
         _cache.move_to_end(key)
         return hit[1]
     value = build()
-    _cache[key] = (tuple(a.copy() for a in laws), value)
+    _cache[key] = (laws, value)
     _cache.move_to_end(key)
     while len(_cache) > CACHE_SIZE:
         _cache.popitem(last=False)
@@ -121,6 +122,8 @@ def set_plan(p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> SetPlan
             f"the optimal plan for k={k} >= 2 drafts would have T*V = {T * V:.3g} entries "
             f"(> {MAX_PLAN_ENTRIES:.3g}); {fix}. Use optimal_acceptance for the number, or "
             "rrs/kseq to sample")
+    # copies: the cache keeps the laws it compares against, and these are the caller's
+    p, q = p.copy(), q.copy()
     return _memo(("plan", k, replacement), (p, q), lambda: SetPlan(p, q, k, replacement))
 
 

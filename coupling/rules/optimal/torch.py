@@ -35,15 +35,14 @@ def step(replacement: bool, rule: Optimal = RULE,
     token_step = rrs_step(True)  # with one draft, rrs is exactly the token rule
 
     def step(p_i, q_i, x, alive, coins, u, i, act):
-        multi = alive.sum(-1) >= 2
-        idx = torch.nonzero(multi).squeeze(1)
+        first = alive & (torch.cumsum(alive, -1) == 1)
+        idx = torch.nonzero(alive.sum(-1) >= 2).squeeze(1)
+        if idx.numel() == 0:
+            return token_step(p_i, q_i, x, first, coins, u, i, act)
         # m >= 2 survivors: the draft tuple's row of an exact LP plan (numpy, per row), read
         # before the token step rewrites its rows in place
         P, Q = _plan_laws(p_i, q_i, laws, act, alive, i, idx)
-        y = token_step(p_i, q_i, x, alive & (torch.cumsum(alive, -1) == 1), coins, u, i, act)
-        if idx.numel() == 0:
-            return y
-        y = y.clone()
+        y = token_step(p_i, q_i, x, first, coins, u, i, act).clone()
         X, A = x[idx].cpu().numpy(), alive[idx].cpu().numpy()
         C, U = coins[idx].cpu().numpy(), u[idx].cpu().numpy()
         for n, b in enumerate(idx.tolist()):    # the survivors' coins, then the offset's draw
