@@ -116,3 +116,21 @@ def test_refuses_what_is_not_a_hub_tree():
     with pytest.raises(ValueError, match="k <= 2"):
         verify(torch.tensor([[[3], [2], [1]]]), P[:, :1].expand(1, 3, 2, 4),
                q.expand(1, 3, 1, 4), seeds=0, positions=0, replacement=False)
+
+
+def test_a_lone_survivor_rejected_with_no_residual_draws_from_the_target():
+    """A lone survivor's test can fail where ``(p - q)_+`` has no mass: ``p`` one ulp below
+    ``q`` at the draft and equal elsewhere, both summing to 1 in float64. The twin then draws
+    from ``p``, as the numpy core's token rule does, instead of keeping the draft."""
+    p = np.array([0.5 - 2.0**-54, 0.25, 0.25])
+    q = np.array([0.5, 0.25, 0.25])
+    assert p.sum() == 1.0 and np.all(p <= q)
+    P = torch.tensor(np.stack([p, p]))[None, None]             # [1, 1, 2, 3]
+    Q = torch.tensor(q)[None, None, None]                        # [1, 1, 1, 3]
+    X = torch.tensor([[[0]]])
+    coins, u = np.array([[1.0 - 2.0**-53]]), np.array([0.9, 0.5])   # coin q(0) == p(0)
+    want = core_verdict(HUB, X, P, Q, coins, u, False)
+    assert want == (0, 0, 2)                                     # rejected, then p's draw
+    assert twin_verdict(HUB, X, P, Q, False, seeds=0, positions=0,
+                        accept_u=torch.tensor(coins)[None], sample_u=torch.tensor(u)[None]) \
+        == want

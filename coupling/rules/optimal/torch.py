@@ -16,7 +16,7 @@ import torch
 
 from ...torch_backend.common import Verdict, check_inputs
 from ...torch_backend.tree import StepFn, first_true, verify_tree
-from ..rrs.torch import step as rrs_step
+from ..rrs.torch import judge
 from . import RULE, Optimal, verify_tuple
 
 __all__ = ["verify", "step"]
@@ -32,17 +32,15 @@ def step(replacement: bool, rule: Optimal = RULE,
     bit for bit (:func:`coupling.sequence.models.check_tree`); without, from the walk's
     normalised rows.
     """
-    token_step = rrs_step(True)  # with one draft, rrs is exactly the token rule
-
     def step(p_i, q_i, x, alive, coins, u, i, act):
         first = alive & (torch.cumsum(alive, -1) == 1)
         idx = torch.nonzero(alive.sum(-1) >= 2).squeeze(1)
         if idx.numel() == 0:
-            return token_step(p_i, q_i, x, first, coins, u, i, act)
+            return judge(p_i, q_i, x, first, coins, u)     # one draft: the token rule
         # m >= 2 survivors: the draft tuple's row of an exact LP plan (numpy, per row), read
         # before the token step rewrites its rows in place
         P, Q = _plan_laws(p_i, q_i, laws, act, alive, i, idx)
-        y = token_step(p_i, q_i, x, first, coins, u, i, act).clone()
+        y = judge(p_i, q_i, x, first, coins, u).clone()
         X, A = x[idx].cpu().numpy(), alive[idx].cpu().numpy()
         C, U = coins[idx].cpu().numpy(), u[idx].cpu().numpy()
         for n, b in enumerate(idx.tolist()):    # the survivors' coins, then the offset's draw

@@ -15,7 +15,7 @@ import torch
 from ...torch_backend.common import Verdict, sample_rows
 from ...torch_backend.tree import StepFn, verify_tree
 
-__all__ = ["verify", "step"]
+__all__ = ["verify", "step", "judge"]
 
 
 def _reject(r: torch.Tensor, qc: torch.Tensor, rows: torch.Tensor, xj: torch.Tensor,
@@ -43,30 +43,41 @@ def _renormalise_rows(law: torch.Tensor, rows: torch.Tensor, d: torch.Tensor) ->
     law.index_copy_(0, rows, d)
 
 
+def judge(r: torch.Tensor, qc: torch.Tensor, x: torch.Tensor, alive: torch.Tensor,
+          coins: torch.Tensor, u: torch.Tensor, replacement: bool = True) -> torch.Tensor:
+    """RRS at one offset: the output token ``[B]``. With one survivor per row it is the token
+    rule (the other rules' twins call it so).
+
+    ``r``, ``qc``: float64 ``[B, V]``, each request's normalised target and draft law, rewritten
+    in place at each rejection; ``x``, ``alive``, ``coins``: ``[B, k]``, the drafts in branch
+    order, which of them survive, their coins; ``u [B]``: the draw after every rejection.
+    """
+    B, k = x.shape
+    decided = torch.zeros(B, dtype=torch.bool, device=x.device)
+    y = torch.zeros(B, dtype=torch.int64, device=x.device)
+    for j in range(k):  # sequential by definition: each rejection changes the target
+        xj = x[:, j]
+        rx = r.gather(1, xj.unsqueeze(1)).squeeze(1)
+        qx = qc.gather(1, xj.unsqueeze(1)).squeeze(1)
+        test = alive[:, j] & ~decided
+        acc = test & (coins[:, j] * qx < rx)
+        y = torch.where(acc, xj, y)
+        decided = decided | acc
+        rej = torch.nonzero(test & ~acc).squeeze(1)
+        if rej.numel():
+            _reject(r, qc, rej, xj, replacement)
+    rest = torch.nonzero(~decided).squeeze(1)
+    if rest.numel() == 0:
+        return y
+    return y.index_put((rest,), sample_rows(r.index_select(0, rest), u[rest]))
+
+
 def step(replacement: bool) -> StepFn:
     """The single-step rule on the unfinished rows (:data:`coupling.torch_backend.tree.StepFn`),
     on the walk's own float64 rows of the normalised laws, which it rewrites in place."""
 
     def step(p_i, q_i, x, alive, coins, u, i, act):
-        B, k = x.shape
-        r, qc = p_i, q_i  # the current target and draft law of each request
-        decided = torch.zeros(B, dtype=torch.bool, device=x.device)
-        y = torch.zeros(B, dtype=torch.int64, device=x.device)
-        for j in range(k):  # sequential by definition: each rejection changes the target
-            xj = x[:, j]
-            rx = r.gather(1, xj.unsqueeze(1)).squeeze(1)
-            qx = qc.gather(1, xj.unsqueeze(1)).squeeze(1)
-            test = alive[:, j] & ~decided
-            acc = test & (coins[:, j] * qx < rx)
-            y = torch.where(acc, xj, y)
-            decided = decided | acc
-            rej = torch.nonzero(test & ~acc).squeeze(1)
-            if rej.numel():
-                _reject(r, qc, rej, xj, replacement)
-        rest = torch.nonzero(~decided).squeeze(1)
-        if rest.numel() == 0:
-            return y
-        return y.index_put((rest,), sample_rows(r.index_select(0, rest), u[rest]))
+        return judge(p_i, q_i, x, alive, coins, u, replacement)
 
     return step
 

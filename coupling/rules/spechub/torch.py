@@ -15,7 +15,8 @@ import torch
 
 from ...torch_backend.common import Verdict, check_inputs, sample_rows
 from ...torch_backend.laws import by_row_chunks
-from ...torch_backend.tree import first_true, verify_tree
+from ...torch_backend.tree import verify_tree
+from ..rrs.torch import judge
 from . import RULE
 
 __all__ = ["verify", "step", "check_hub_roots", "draft_roots"]
@@ -68,23 +69,13 @@ def _step_rows(p_i, q_i, x, alive, coins, u):
     p, q = p_i.to(torch.float64), q_i.to(torch.float64)
     pair = alive.sum(-1) == 2
     y = torch.empty(x.shape[0], dtype=torch.int64, device=x.device)
-    for idx, rule in ((torch.nonzero(~pair).squeeze(1), _lone),
+    for idx, rule in ((torch.nonzero(~pair).squeeze(1), judge),   # one survivor: token rule
                       (torch.nonzero(pair).squeeze(1), _hub_pair)):
         if idx.numel() == x.shape[0]:
             return rule(p, q, x, alive, coins, u)
         if idx.numel():
             y[idx] = rule(p[idx], q[idx], x[idx], alive[idx], coins[idx], u[idx])
     return y
-
-
-def _lone(p, q, x, alive, coins, u):
-    """The token rule on rows with one survivor."""
-    rows = torch.arange(x.shape[0], device=x.device)
-    j = first_true(alive)
-    xs = x[rows, j]
-    accept = coins[rows, j] * q[rows, xs] < p[rows, xs]
-    res = (p - q).clamp_(min=0.0)
-    return torch.where(accept | (res.sum(-1) <= 0), xs, sample_rows(res, u, fallback=p))
 
 
 def draft_roots(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
