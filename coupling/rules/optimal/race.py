@@ -276,15 +276,23 @@ def _newton_terms(tt: np.ndarray, rr: np.ndarray, kk: np.ndarray, k: int, a: flo
     accumulated lowest first (the order that makes it free of cancellation)."""
     if a <= 0:                                           # part A with s = 1: G(t) = t^k
         return tt**k - rr * tt - kk, k * tt ** (k - 1) - rr
-    z = 1.0 + (sign / a) * tt
+    # in place, the same operations in the same order (fresh temporaries cost page faults)
+    z = tt * (sign / a)
+    z += 1.0
     if k == 1:
         acc = zi = np.ones_like(tt)
     else:
-        acc, zi = 1.0 + z, z                             # 1 + z, then z^2 ... z^(k - 1)
+        acc, zi = z + 1.0, z                             # 1 + z, then z^2 ... z^(k - 1)
         for _ in range(k - 2):
             zi = zi * z
             acc += zi
-    return scale * tt * acc - rr * tt - kk, (k * scale) * zi - rr
+    df = zi * (k * scale)
+    df -= rr
+    f = tt * scale
+    f *= acc
+    f -= np.multiply(rr, tt, out=acc)                    # acc (and zi, for k = 1) read
+    f -= kk
+    return f, df
 
 
 def _log_weights(q: np.ndarray, before: np.ndarray, join: np.ndarray) -> np.ndarray:
