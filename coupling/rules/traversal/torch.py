@@ -208,12 +208,12 @@ class _Trees:
         ``home``."""
         if out is None:
             out = self.buf.new_empty(home.numel(), self.buf.shape[1])
-        if bool(fresh.all()):   # (w / sum p) p: one pass over each row
-            return torch.mul(rows(self.p, nodes), (w / self.sp[nodes]).unsqueeze(-1), out=out)
         if not bool(fresh.any()):
             return torch.mul(rows(self.pool, (home,)), w.unsqueeze(-1), out=out)
+        # (w / sum p) p: one pass over each row
         torch.mul(rows(self.p, nodes), (w / self.sp[nodes]).unsqueeze(-1), out=out)
-        out[~fresh] = self.pool[home[~fresh]] * w[~fresh].unsqueeze(-1)
+        if not bool(fresh.all()):
+            out[~fresh] = self.pool[home[~fresh]] * w[~fresh].unsqueeze(-1)
         return out
 
     def target(self, nodes: Nodes, fresh: torch.Tensor, home: torch.Tensor) -> torch.Tensor:
@@ -318,6 +318,8 @@ def walk(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, coins: torch.Te
             trees.reject(act, j, d)
     y = sample_rows(trees.stop_laws(stop_j, stop_d), u[trees.rows, stop_d])
     return assemble(drafts, stop_d, stop_j, y)
+
+
 def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
            seeds: torch.Tensor | int, positions: torch.Tensor | int,
            replacement: bool = True, accept_u: torch.Tensor | None = None,
