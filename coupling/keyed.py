@@ -26,8 +26,33 @@ strictly inside (0, 1) on a grid of step ``2**-53`` (in float64 the top cell's c
 
 The hash is written once (:func:`mix`, :func:`hash_prefix`, :func:`to_unit`) over a two-entry
 array backend: numpy ``uint64`` (:data:`NUMPY`) and torch ``int64`` holding the same bit
-patterns (:func:`torch_backend`, right shifts masked to be logical). Both give the same bits,
-so a request verified by a numpy core and by a batched torch twin draws the same numbers.
+patterns (:func:`torch_backend`, right shifts masked to be logical).
+
+What is promised, on every CPU and device
+-----------------------------------------
+* **Hashes and uniforms: the same bits.** They are integer arithmetic in wrapping 64 bits and
+  one exact integer-to-float conversion, so numpy and torch, any SIMD width, thread count or
+  device give identical words and identical float64 uniforms (a pinned digest in
+  ``tests/test_dispatch.py`` holds every machine to the same bits).
+* **Gumbel noise: the same value to a few units in the last place**, not the same bits.
+  ``-log(-log u)`` goes through each library's ``log``, and vectorised ``log``
+  implementations (numpy's own SIMD loops, the C library's, torch's SLEEF) round differently
+  in the last bit on some inputs: with numpy's SIMD loops switched off
+  (``NPY_DISABLE_CPU_FEATURES``) one (seed, position) pair in five disagrees somewhere in its
+  first 50 tokens, by one unit of ``max(1, |G|)``; the promise is :data:`NOISE_ULPS` units.
+  A ``log`` built from exactly rounded operations alone would give the same bits everywhere,
+  but as some thirty array operations where the library's is one, on the hot path of the
+  Gumbel twins.
+* **Decisions: the same tokens**, except where two candidates' scores lie within a few units
+  in the last place of each other (a drafted or emitted token of ``gumbel``, ``gls``,
+  ``minhash``; a coin within an ulp of an acceptance ratio; an inverse-CDF draw within an ulp
+  of a cumulative sum, whose float order differs between numpy and torch). Under continuous
+  laws such a tie has probability about ``V 2**-50`` per decision. Every rule keeps this
+  promise; ``tests/test_dispatch.py`` checks it under the dispatch paths a machine can
+  emulate (torch's ``ATEN_CPU_CAPABILITY``, numpy without SIMD dispatch, 1 and 2 threads).
+
+A tie never costs losslessness: each side's decision is an exact sample of its own law; a
+drafter and a verifier that break one tie differently lose one acceptance, not the law.
 """
 
 from __future__ import annotations
@@ -55,6 +80,7 @@ __all__ = [
     "uniforms",
     "call_uniforms",
     "gumbel_noise",
+    "NOISE_ULPS",
 ]
 
 #: acceptance tests (counter: offset * MAX_DRAFTS + branch)
@@ -67,6 +93,11 @@ STREAM_GUMBEL = 2
 STREAM_DRAFT = 3
 #: the largest number of draft branches; coin counters are ``offset * MAX_DRAFTS + branch``
 MAX_DRAFTS = 256
+
+#: how far apart two backends' Gumbel noise may lie, in units of ``2**-52 max(1, |G|)``: each
+#: ``log`` is within one unit of the exact value, and ``-log(-log u)`` carries the inner one
+#: through to an absolute error (``tests/test_keyed.py`` holds both backends to it)
+NOISE_ULPS = 4
 
 #: the golden-ratio increment g of SplitMix64
 GOLDEN = 0x9E3779B97F4A7C15

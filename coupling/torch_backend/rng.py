@@ -2,7 +2,9 @@
 
 Every number is a pure function of ``(seed, position, stream, counter)``, so a request draws the
 same uniforms whatever the batch it is verified in, the batch order, the device or the history
-of other requests, and the same bits as the numpy cores fed by :func:`coupling.keyed.uniforms`.
+of other requests, and the same bits as the numpy cores fed by :func:`coupling.keyed.uniforms`
+(Gumbel noise: the same value within ``keyed.NOISE_ULPS`` units in the last place, the promise
+of :mod:`coupling.keyed`).
 """
 
 from __future__ import annotations
@@ -115,8 +117,9 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int, 
     """Standard Gumbel noise ``G[..., v] = -log(-log U(seed, position, STREAM_GUMBEL, v))``.
 
     ``seeds`` and ``positions`` broadcast against each other (e.g. ``[B, 1]`` and ``[B, n]``);
-    the result has their broadcast shape plus a trailing ``[V]`` axis. The drafter and the
-    verifier call this with the same (seed, position) and get the same ``G`` bit for bit.
+    the result has their broadcast shape plus a trailing ``[V]`` axis. A drafter and a verifier
+    that call this with the same (seed, position) on one device get the same ``G`` bit for bit
+    (numpy's :func:`coupling.keyed.gumbel_noise`: within ``keyed.NOISE_ULPS`` units).
 
     ``tokens``: optional int64 ``[n]`` token ids in ``[0, V)``; the trailing axis is then
     ``[n]`` with ``G[..., j] = G(seed, position, tokens[j])``, the very entries of the full
