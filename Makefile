@@ -1,6 +1,6 @@
 # Two entry points: `make demo` (the main job) and `make test` (the whole suite).
-# Both create .venv on first use. torch==2.13.0 goes in first: on the reference
-# machine it is a local CPU wheel, whereas an unpinned torch pulls a multi-GB CUDA build.
+# Both create .venv on first use. torch==2.13.0 goes in first, pinned to its CPU build:
+# an unpinned torch pulls a multi-GB CUDA build.
 PY      ?= python3
 VENV    := .venv
 BIN     := $(VENV)/bin
@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 
 # Two pytest workers: on 2 cores the suite runs in 15 min instead of 23 (pytest --durations).
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -n 2
+	$(BIN)/python -m pytest -q -n 2 tests coupling --doctest-modules
 	$(BIN)/python proofs/run_all.py
 
 demo: $(STAMP)

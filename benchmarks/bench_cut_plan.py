@@ -89,9 +89,9 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     from coupling import solve_coupling
-    from coupling.draftsets import pair_index, pair_sets, set_members
+    from coupling.lp.draftsets import pair_index, pair_sets, set_members
+    from coupling.lp.solve import solve_sets
     from coupling.rules.optimal import CutPlan
-    from coupling.solve import solve_sets
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--laws", type=int, default=300, help="synthetic laws")

@@ -11,7 +11,7 @@ rules buy with their distortion. No sampling: every number is a closed form or a
 2. Lossy rules. ``typical`` (Medusa's defaults eps = 0.09, delta = 0.3) and ``relaxed``
    (top-10 within 0.6, greedy fallback): acceptance, exact distortion TV(output law, p), the
    lossless optimum and, on V = 6, the best acceptance any coupling reaches at the same
-   distortion (``coupling.solve.optimal_lossy_acceptance``: a lossy rule that stays below it
+   distortion (``coupling.lp.solve.optimal_lossy_acceptance``: a lossy rule that stays below it
    spends its distortion badly). At V = 49152 the same closed forms.
 
 Usage::
@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 
 from coupling import RULES, optimal_acceptance
-from coupling.solve import optimal_lossy_acceptance
+from coupling.lp.solve import optimal_lossy_acceptance
 
 SEED = 21
 

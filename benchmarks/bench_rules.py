@@ -25,7 +25,7 @@ from functools import partial
 import numpy as np
 
 from coupling import RULES, check_pair, optimal_acceptance
-from coupling.rules.optimal.cut import scan
+from coupling.lp.cut import scan
 
 SEED = 20231023
 VS = (100, 5000, 49152)

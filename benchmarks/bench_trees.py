@@ -31,8 +31,8 @@ from collections.abc import Iterable
 import numpy as np
 
 from coupling import RULES, TabularLM, expected_accepted, full_information_tree_accepted
+from coupling.lm import check_models, draft_tree
 from coupling.rules.gbv import GBV
-from coupling.sequence.models import check_models, draft_tree
 
 #: (V, gamma, k, seed, concentration) of the gap table: target TabularLM(seed=2 seed), draft
 #: TabularLM(seed=2 seed + 1), context order 1

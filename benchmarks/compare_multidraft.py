@@ -30,7 +30,7 @@ import sys
 import numpy as np
 
 from coupling import RULES, solve_coupling, solve_draft_law, tuple_law, tv
-from coupling.draftsets import group_by_set
+from coupling.lp.draftsets import group_by_set
 from coupling.rules.importance import ImportanceSampling
 from coupling.rules.importance.figure2 import CURVES, PANELS, figure2_curves, figure2_point
 

@@ -16,12 +16,20 @@ The names a user needs are importable from here (the submodules hold the rest):
 * draft trees of ``k`` paths: :func:`tree_verifier_lp`, :func:`full_information_tree_accepted`
   (the LP over every lossless verifier of the tree, the optimum ``traversal`` and ``gbv`` are
   measured against), :func:`path_selection_lp`;
-* the batched torch twins: :func:`verify` (imported on first use, so the core needs no torch).
+* the batched torch twins: :func:`verify` (a rule's twin, and torch, load on first use).
 """
 
 from .check import check_rule, check_sampler
 from .dist import as_distribution, check_pair, tuple_law, tv
-from .rules import NEGATIVE_CONTROLS, RULES, Rule
+from .lp.solve import (
+    Coupling,
+    optimal_lossy_acceptance,
+    solve_coupling,
+    solve_draft_law,
+    solve_transport,
+)
+from .lp.solvers import SolverError
+from .rules import NEGATIVE_CONTROLS, RULES, Rule, verify
 from .rules.optimal import optimal_acceptance
 from .sequence import (
     LanguageModel,
@@ -42,14 +50,6 @@ from .sequence import (
     tree_verifier_lp,
     verifier_lp,
 )
-from .solve import (
-    Coupling,
-    optimal_lossy_acceptance,
-    solve_coupling,
-    solve_draft_law,
-    solve_transport,
-)
-from .solvers import SolverError
 
 __version__ = "0.1.0"
 
@@ -90,11 +90,3 @@ __all__ = [
     "verify",
 ]
 
-
-def __getattr__(name: str):
-    # the torch twins load torch: only when asked for
-    if name == "verify":
-        from .torch_backend import verify
-
-        return verify
-    raise AttributeError(f"module 'coupling' has no attribute {name!r}")

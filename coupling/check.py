@@ -11,9 +11,9 @@ r"""Validation harness for verification rules.
 3. the closed-form ``rule.acceptance`` equals the joint's trace mass
    :math:`\sum_t \sum_{y \in t} \pi(t, y)`;
 4. acceptance :math:`\le` the LP optimum of its information model + ``opt_tol``: the
-   lossless optimum over its draft law (:func:`coupling.solve.solve_draft_law`), or for a
+   lossless optimum over its draft law (:func:`coupling.lp.solve.solve_draft_law`), or for a
    lossy rule the best acceptance at its own distortion
-   (:func:`coupling.solve.optimal_lossy_acceptance`);
+   (:func:`coupling.lp.solve.optimal_lossy_acceptance`);
 5. acceptance lies inside the rule's own ``bound`` (± ``opt_tol``).
 
 :func:`check_sampler` checks ``rule.sample`` *statistically* against ``rule.joint``:
@@ -42,6 +42,7 @@ from .dist import (
     validate_replacement,
     validate_seed,
 )
+from .lp.solve import optimal_lossy_acceptance
 from .rules.base import Rule
 from .rules.common import require_generator
 
@@ -126,7 +127,6 @@ def check_rule(
     opt_tol: float = 1e-9,
 ) -> RuleReport:
     """Exact validation of ``rule`` on ``(p, q, k, replacement)``; see module doc."""
-    from .solve import optimal_lossy_acceptance
 
     pa, qa = check_pair(p, q)
     tuples, probs = rule.draft_law(qa, k, replacement=replacement)

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from .dist import check_pair, tv
-from .solve import COUPLING_SOLVERS, solve_coupling
+from .lp.solve import COUPLING_SOLVERS, solve_coupling
 
 
 def parse_distribution(text: str, *, name: str) -> np.ndarray:
@@ -59,9 +59,9 @@ def analyze(
     solvers: tuple[str, ...] = COUPLING_SOLVERS,
 ) -> dict[str, Any]:
     """Exact analysis of one (target, draft) pair; the CLI prints what this returns."""
+    from .lp.solve import optimal_lossy_acceptance
     from .rules import RULES
     from .rules.optimal import optimal_acceptance
-    from .solve import optimal_lossy_acceptance
 
     p, q = check_pair(p, q, names=("target", "draft"))
     out: dict[str, Any] = {
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in commands and argv[0] != "analyze":
         return int(commands[argv[0]].load()(argv[1:]) or 0)
     args = build_parser().parse_args(argv)
-    from .solvers import SolverError
+    from .lp.solvers import SolverError
 
     try:
         return _cmd_analyze(args)

@@ -29,8 +29,8 @@ import sympy as sp
 from _block_common import constant_lm, simplex_grid
 
 from coupling import expected_accepted
+from coupling.lm import path_laws
 from coupling.sequence import path_law
-from coupling.sequence.models import path_laws
 
 
 def symbolic_gamma_one() -> bool:

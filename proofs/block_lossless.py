@@ -34,8 +34,8 @@ import numpy as np
 from _block_common import constant_lm, rational_lm, simplex_grid
 
 from coupling import NEGATIVE_CONTROLS, RULES, stream_law, target_law
+from coupling.lm import path_laws
 from coupling.sequence import path_law
-from coupling.sequence.models import path_laws
 
 L = 4
 

@@ -90,7 +90,7 @@ def _rational_instance(rng):
 
 def exhaustive_and_package(n: int = 300) -> bool:
     from coupling import SolverError, tuple_law
-    from coupling.draftsets import group_by_set, padded_sets
+    from coupling.lp.draftsets import group_by_set, padded_sets
     from coupling.rules.optimal import CutPlan, cut_plan, optimal_cut
 
     rng = np.random.default_rng(7)

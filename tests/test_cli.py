@@ -125,7 +125,7 @@ def test_analyze_reports_overflowing_input_and_solver_failures(capsys, monkeypat
     assert main(["analyze", "--target", "1e308,1e308", "--draft", "0.5,0.5"]) == 2
     assert "sums to inf" in capsys.readouterr().err
     from coupling import cli
-    from coupling.solve import SolverError
+    from coupling.lp.solve import SolverError
 
     def fail(args):
         raise SolverError("HiGHS transport LP failed: status=4")

@@ -102,7 +102,7 @@ def test_every_sampler_outputs_a_token_of_positive_target_mass(name, pq, seed):
     assert p[y] > 0
 
 
-@pytest.mark.parametrize("solver", coupling.solve.COUPLING_SOLVERS)
+@pytest.mark.parametrize("solver", coupling.lp.solve.COUPLING_SOLVERS)
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(pq=case(), k=st.integers(1, 2), replacement=st.booleans())
 def test_every_solver_agrees_with_the_min_cut_on_degenerate_laws(solver, pq, k, replacement):
@@ -121,7 +121,7 @@ def test_every_solver_agrees_with_the_min_cut_on_degenerate_laws(solver, pq, k, 
 @given(n=st.integers(1, 4), m=st.integers(1, 4), shift=st.sampled_from([-1e6, -2.0, 0.0, 3.0,
                                                                        1e15]),
        scale=st.sampled_from([1e-12, 1.0, 1e12]), seed=st.integers(0, 2**31),
-       solver=st.sampled_from(coupling.solve.SOLVERS))
+       solver=st.sampled_from(coupling.lp.solve.SOLVERS))
 def test_transport_is_invariant_to_the_cost_offset_and_scale(n, m, shift, scale, seed, solver):
     """Adding a constant to every cost or scaling all of them leaves the optimal plans
     unchanged, so every solver must answer for any offset and unit (all-negative costs once

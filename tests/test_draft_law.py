@@ -10,13 +10,13 @@ import pytest
 import coupling
 from coupling import RULES, solve_coupling, solve_draft_law, tuple_law
 from coupling.check import draw_drafts
-from coupling.sequence.models import check_models, draft_tree
+from coupling.lm import check_models, draft_tree
 
 P = np.array([0.5, 0.3, 0.2])
 Q = np.array([0.2, 0.2, 0.6])
 
 
-@pytest.mark.parametrize("solver", coupling.solve.SOLVERS)
+@pytest.mark.parametrize("solver", coupling.lp.solve.SOLVERS)
 @pytest.mark.parametrize("k, rep", [(1, True), (2, True), (2, False), (3, True), (3, False)])
 def test_the_lp_over_a_given_law_is_the_coupling_lp(solver, k, rep):
     rng = np.random.default_rng(k)

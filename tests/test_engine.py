@@ -190,7 +190,7 @@ def test_decide_verdicts_equal_the_batched_twin(seed, rule, g, position):
     """On a CPU the adapter runs the rule's numpy core on keyed uniforms hashed in numpy
     (coupling.keyed.call_uniforms); its verdicts equal the batched torch twin's, whose
     uniforms are hashed in torch, at every position."""
-    from coupling import torch_backend as tb
+    import coupling
 
     gen = torch.Generator().manual_seed(seed)
     V = 40
@@ -198,7 +198,7 @@ def test_decide_verdicts_equal_the_batched_twin(seed, rule, g, position):
     p = probs(torch.randn(g + 1, V, generator=gen, dtype=torch.float64) * 2, cfg).float()[None]
     q = probs(torch.randn(g, V, generator=gen, dtype=torch.float64) * 2, cfg).float()[None]
     drafts = torch.multinomial(q[0], 1, generator=gen).T                  # [1, g]
-    v = tb.verify(rule, drafts[None], p[None], q[None], seeds=torch.tensor([seed % 97]),
+    v = coupling.verify(rule, drafts[None], p[None], q[None], seeds=torch.tensor([seed % 97]),
                   positions=torch.tensor([position]))
     m = int(v.accepted[0])
     want = (m, 0, v.tokens[0, : m + 1].tolist())

@@ -270,3 +270,41 @@ def test_the_hub_folder_runs_the_same_method(models):
                           trust_remote_code=True, seed=[6], streamer=rec, **kw)
     assert one[0].tolist() == PROMPTS[1] + generated(hub, PROMPTS)[1]
     assert sum(rec.puts[1:], []) == one[0, 2:].tolist()
+
+
+# ----------------------------------------------------------------------------- shared noise
+SHARED_NOISE_RULES = [name for name, r in coupling.rules.RULES.items() if r.shared_noise]
+
+
+@pytest.mark.parametrize("name", SHARED_NOISE_RULES)
+def test_shared_noise_rules_draft_by_their_own_noise(name):
+    """``coupling.hf`` drafts a shared-noise rule (``rule.shared_noise``) by that rule's keyed
+    noise: the drafts are its twin's ``draft_branches`` bit for bit, and two different draft
+    models agree on a branch as often as the Gumbel coupling's collision probability says
+    (binomial, 5 sigma; each column of ``gls`` is a standard Gumbel vector). The control:
+    drafting by keyed inverse-CDF uniforms, what ``gls`` got before it read the flag, agrees
+    0.2 of the time on these laws and fails the same test."""
+    from coupling.hf.drafting import draw
+    from coupling.hf.options import check_options
+    from coupling.torch_backend import sample_rows, uniforms
+
+    rule = coupling.rules.RULES[name]
+    k = 1 if rule.max_drafts == 1 else 3
+    opts = check_options(name, k, 2, True, True)
+    B = 4000
+    q1, q2 = (torch.tensor(w, dtype=torch.float64) for w in ([.4, .3, .2, .1], [.1, .2, .3, .4]))
+    seeds, starts = torch.arange(B), 7 * torch.arange(B)
+    x1, x2 = (draw(q.expand(B * k, 4), 1, opts, None, seeds, starts) for q in (q1, q2))
+    want = rule.torch.draft_branches(q1.expand(B, k, 4), seeds, starts + 1).reshape(-1)
+    assert torch.equal(x1, want)
+    collision = coupling.rules.RULES["gumbel"].acceptance(q1.numpy(), q2.numpy())
+    band = 5 * (collision * (1 - collision) / (B * k)) ** 0.5
+
+    def agree(a, b):
+        return float((a == b).double().mean())
+
+    assert abs(agree(x1, x2) - collision) < band
+    u = uniforms(seeds, starts, k).reshape(-1)
+    control = agree(sample_rows(q1.expand(B * k, 4), u),
+                    sample_rows(q2.expand(B * k, 4), u))
+    assert abs(control - collision) > band

@@ -36,8 +36,8 @@ from coupling import (
     tv,
 )
 from coupling.dist import tuple_law
+from coupling.lm import check_models
 from coupling.rules import get_rule
-from coupling.sequence.models import check_models
 from tests.strategies import model_pair, rule_pairs
 
 #: the (k, replacement) modes tried on every rule that supports them

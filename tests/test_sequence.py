@@ -22,6 +22,7 @@ from coupling import (
     block_efficiency,
     expected_accepted,
     full_information_accepted,
+    lm,
     motivating_example,
     optimal_block_efficiency,
     optimal_expected_accepted,
@@ -31,16 +32,15 @@ from coupling import (
     tv,
     verifier_lp,
 )
+from coupling.lm import path_laws
 from coupling.sequence import (
     conditional_tokens,
     constant_acceptance_efficiency,
-    models,
     optimal_tokens,
     path_law,
     predicted_tokens,
 )
 from coupling.sequence import lp as lp_mod
-from coupling.sequence.models import path_laws
 from tests.strategies import as_tree, drafted_path, model_pair, rational_lm
 
 F = Fraction
@@ -396,9 +396,9 @@ def test_optimal_prediction_bounds_every_single_step_rule():
     it pays in distortion)."""
     t, d = model_pair(4, 1, 2, 0.5)
     rng = np.random.default_rng(0)
-    T, D, ctx = models.check_models(t, d, (1,))
+    T, D, ctx = lm.check_models(t, d, (1,))
     for k, rep in [(1, True), (2, True), (2, False)]:
-        drafts, P, Q = models.draft_tree(T, D, 3, rng, ctx, k=k, replacement=rep)
+        drafts, P, Q = lm.draft_tree(T, D, 3, rng, ctx, k=k, replacement=rep)
         best = optimal_tokens(drafts, P, Q, 0, replacement=rep)
         for name, rule in RULES.items():
             if rule.unit == "token" and rule.lossless and rule.supports(k, rep):

@@ -1,4 +1,4 @@
-"""The LP oracle (``coupling.solve``): marginals, known optima, monotonicity, invariances,
+"""The LP oracle (``coupling.lp.solve``): marginals, known optima, monotonicity, invariances,
 solver agreement, and the draft-set law it solves on."""
 
 import numpy as np
@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coupling import solve_coupling, solve_transport, tuple_law, tv
-from coupling.draftsets import group_by_set
-from coupling.solve import COUPLING_SOLVERS, SOLVERS
+from coupling.lp.draftsets import group_by_set
+from coupling.lp.solve import COUPLING_SOLVERS, SOLVERS
 from tests.strategies import distributions, pairs
 
 

@@ -1,4 +1,4 @@
-"""The solver layer (``coupling.solvers``): every LP certified or refused, marginals rebalanced,
+"""The solver layer (``coupling.lp.solvers``): every LP certified or refused, marginals rebalanced,
 costs normalised, one tolerance table."""
 
 import warnings
@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coupling import SolverError, optimal_acceptance, solve_coupling, solve_transport, tv
-from coupling.solve import COUPLING_SOLVERS
-from coupling.solvers import (
+from coupling.lp.solve import COUPLING_SOLVERS
+from coupling.lp.solvers import (
     SOLVERS,
     TOLERANCES,
     check_solver,

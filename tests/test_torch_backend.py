@@ -18,7 +18,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import coupling
-import coupling.torch_backend as tb
+import coupling.rules as rules
 from coupling.keyed import MAX_DRAFTS
 from coupling.rules import NEGATIVE_CONTROLS, RULES
 from coupling.rules.common import categorical
@@ -88,10 +88,12 @@ def test_verdict_layout_and_unbatched_k_axis():
 
 # ----------------------------------------------------------------------------- dispatcher
 def test_dispatcher_reaches_every_twin():
-    """``coupling.verify`` and ``coupling.torch_backend.verify`` run each registered rule's own
-    twin (``RULES[name].torch.verify``), for every name of the registry."""
-    assert coupling.verify is tb.verify
-    assert tb.verifiers() == tuple(RULES)
+    """``coupling.verify`` (the dispatcher of :mod:`coupling.rules`) runs each registered
+    rule's own twin (``RULES[name].torch.verify``, the module the rule names), for every name
+    of the registry, and takes the rule itself as well as its name."""
+    assert coupling.verify is rules.verify
+    assert rules.verifiers() == tuple(RULES)
+    assert all(RULES[name].twin == f"{type(RULES[name]).__module__}.torch" for name in RULES)
     rng = np.random.default_rng(30)
     for name in RULES:
         X, P, Q = _tree_batch(rng, 6, _k(name), 3, 7, rule=name)
@@ -99,7 +101,7 @@ def test_dispatcher_reaches_every_twin():
               "replacement": _replacement(name)}
         want = RULES[name].torch.verify(X, P, Q, **kw)
         assert isinstance(want, Verdict)
-        for got in (coupling.verify(name, X, P, Q, **kw), tb.verify(name, X, P, Q, **kw)):
+        for got in (coupling.verify(name, X, P, Q, **kw), rules.verify(RULES[name], X, P, Q, **kw)):
             assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True)), name
 
 

@@ -3,7 +3,7 @@ bfloat16 or float32 rows that sum to 1 only within their tolerance (``check_prob
 1e-4).
 
 The twins compute on ``p / sum p`` and ``q / sum q`` per row in float64, as the numpy cores do
-(:func:`coupling.sequence.models.check_tree`). Shown three ways:
+(:func:`coupling.lm.check_tree`). Shown three ways:
 
 * the issue's example, ``p = (.5, .51)``, ``q = (.5, .49)`` in float16: the first emitted
   token of 400k keyed calls has the law ``p / sum p`` (chi-square at ``ALPHA``) for every

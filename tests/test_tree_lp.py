@@ -15,9 +15,9 @@ from coupling import (
     path_selection_lp,
     tree_verifier_lp,
 )
+from coupling.lp.solvers import certified_lp, lp_defects
 from coupling.rules.gbv import GBV
 from coupling.sequence import selection_model
-from coupling.solvers import certified_lp, lp_defects
 from tests.strategies import model_pair
 
 #: every verifier of the trees of the draft model: (rule, supports distinct first tokens)

@@ -35,6 +35,8 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from ..rules import verify
+
 __all__ = ["TorchVerifier", "from_torch", "torch_rule", "hf_speculative_sampling"]
 
 
@@ -127,7 +129,6 @@ def torch_rule(rule: str, *, replacement: bool = True, dtype=None, device="cpu")
     """
     import torch
 
-    from .. import verify
 
     extra = {} if replacement else {"replacement": False}
 

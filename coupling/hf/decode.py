@@ -9,7 +9,7 @@ import torch
 from transformers import DynamicCache
 from transformers.generation.utils import GenerationMixin
 
-from ..torch_backend import verify
+from ..rules import verify
 from .drafting import Tree, draft_tree
 from .options import Options, check_options, row_seeds
 from .output import SpeculativeDecoderOnlyOutput, Stats

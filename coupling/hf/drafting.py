@@ -5,8 +5,9 @@ of the row's seed and the absolute position of the step's first drafted token ``
 verifier's ``positions``): branch ``j``'s token at offset ``i`` is drawn by inverse CDF from
 ``U(seed, t, STREAM_DRAFT, i * k + j)``. Start positions strictly increase along a row, so no
 draw is reused by a later step, whose verification could otherwise see a draft correlated with
-an earlier decision. ``gumbel`` drafts with the keyed Gumbel noise of the token's own position
-instead, the very noise its verifier uses (:func:`coupling.rules.gumbel.torch.draft`).
+an earlier decision. A shared-noise rule (``rule.shared_noise``: ``gumbel``, ``gls``) drafts with
+its keyed noise of the token's own position instead, the very noise its verifier reads (its
+twin's ``draft_branches``: ``gls``'s branch ``c`` by its noise column ``c``).
 
 Branches are i.i.d. (``replacement=True``), or their first tokens are ``k`` distinct draws from
 the shared first law (``replacement=False``): successive draws without replacement, or the
@@ -23,13 +24,12 @@ import torch
 
 from ..keyed import STREAM_DRAFT
 from ..rules import RULES
-from ..rules.gumbel.torch import draft as gumbel_draft
 from ..torch_backend import sample_rows, uniforms
 from .options import Options
 from .processors import Laws
 from .ragged import RaggedCache
 
-__all__ = ["Tree", "draft_tree"]
+__all__ = ["Tree", "draft_tree", "draw"]
 
 
 @dataclass
@@ -55,7 +55,7 @@ def draft_tree(draft: RaggedCache, laws: Laws, opts: Options, feed: tuple[torch.
     R = ext.shape[0]
     rows = torch.arange(R, device=ext.device)
     u = None
-    if opts.do_sample and opts.rule != "gumbel":
+    if opts.do_sample and not RULES[opts.rule].shared_noise:
         u = uniforms(seeds, starts, g * k, stream=STREAM_DRAFT).to(ext.device)  # [B, g*k]
     tokens, real = feed
     drafts, qs = [], []
@@ -64,7 +64,7 @@ def draft_tree(draft: RaggedCache, laws: Laws, opts: Options, feed: tuple[torch.
         _, q = laws(ext, cur + i, batch_rows, logits)
         if i == 0 and k > 1:  # one context: every branch's first law is branch 0's, bit for bit
             q = q[::k].repeat_interleave(k, 0)
-        x = _draw(q, i, opts, u, seeds, starts)
+        x = draw(q, i, opts, u, seeds, starts)
         ext[rows, cur + i] = x
         drafts.append(x)
         qs.append(q)
@@ -73,14 +73,19 @@ def draft_tree(draft: RaggedCache, laws: Laws, opts: Options, feed: tuple[torch.
     return Tree(torch.stack(drafts, 1).view(B, k, g), torch.stack(qs, 1).view(B, k, g, -1))
 
 
-def _draw(q: torch.Tensor, i: int, opts: Options, u: torch.Tensor | None, seeds: torch.Tensor,
-          starts: torch.Tensor) -> torch.Tensor:
-    """The tokens drafted at offset ``i`` from ``q [R, V]`` (module doc)."""
+def draw(q: torch.Tensor, i: int, opts: Options, u: torch.Tensor | None, seeds: torch.Tensor,
+         starts: torch.Tensor) -> torch.Tensor:
+    """The tokens drafted at offset ``i`` from ``q [R, V]``, ``R = B k`` rows (module doc):
+    ``u [B, g k]`` the step's drafting uniforms (``None`` for a shared-noise rule or greedy
+    laws), ``seeds``, ``starts`` ``[B]``. Returns ``[R]``."""
     k = opts.num_drafts
     if not opts.do_sample:
         return q.argmax(-1)
-    if opts.rule == "gumbel":  # k == 1: one row per batch row
-        return gumbel_draft(q, seeds.to(q.device), starts.to(q.device) + i)
+    rule = RULES[opts.rule]
+    if rule.shared_noise:
+        B = q.shape[0] // k
+        return rule.torch.draft_branches(q.view(B, k, -1), seeds.to(q.device),
+                                         starts.to(q.device) + i).reshape(-1)
     ui = u[:, i * k:(i + 1) * k].reshape(-1)  # [B*k], row b*k+j gets U(., i*k + j)
     if i == 0 and k > 1 and not opts.replacement:
         return _distinct_first(q[::k], u[:, :k], opts.rule)

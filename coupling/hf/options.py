@@ -14,11 +14,8 @@ from ..torch_backend import check_inputs
 
 __all__ = ["Options", "check_options", "row_seeds", "GREEDY_RULES", "SEED_STREAM"]
 
-#: rules that remain meaningful when ``do_sample=False``: with one draft branch and point-mass
-#: laws (the argmax of the processed logits) they accept a draft iff it is the target's argmax,
-#: which is greedy decoding token for token. The multi-draft rules and ``gumbel`` couple
-#: *sampled* drafts: under greedy laws their branches are copies of one draft.
-GREEDY_RULES = ("token", "block")
+#: the rules that remain meaningful when ``do_sample=False`` (``rule.greedy_ok``)
+GREEDY_RULES = tuple(name for name, rule in RULES.items() if rule.greedy_ok)
 
 #: the stream id under which an integer seed is turned into one seed per row (a stream the
 #: verifiers and drafters never use, so a row seed is no uniform of the run)
@@ -60,10 +57,11 @@ def check_options(rule: str, num_drafts: int, gamma: int, replacement: bool,
     # the backend's own limits on the draft tree (MAX_DRAFTS), checked before any model call
     check_inputs(torch.zeros(1, k, g, dtype=torch.int64), torch.ones(1, k, g + 1, 1),
                  torch.ones(1, k, g, 1), 0, 0, validate=False, rule=rule)
-    if not do_sample and rule not in GREEDY_RULES:
+    if not do_sample and not RULES[rule].greedy_ok:
         raise ValueError(
             f"rule={rule!r} couples sampled drafts, but do_sample=False asks for greedy "
-            "decoding; pass do_sample=True, or rule='token' / 'block' for greedy verification")
+            f"decoding; pass do_sample=True, or rule={' / '.join(map(repr, GREEDY_RULES))} "
+            "for greedy verification")
     return Options(rule, k, g, replacement, bool(do_sample))
 
 

@@ -82,4 +82,28 @@ def get_rule(rule: str | Rule, *, controls: bool = False) -> Rule:
     raise ValueError(f"unknown rule {rule!r}; known rules: {', '.join(table)}")
 
 
-__all__ = ["RULES", "NEGATIVE_CONTROLS", "Rule", "get_rule"]
+def verifiers() -> tuple[str, ...]:
+    """The names of the rules with a batched torch twin (every rule of the registry)."""
+    return tuple(name for name, rule in RULES.items() if rule.twin)
+
+
+def verify(rule: str | Rule, drafts, p, q, **kwargs):
+    """Verify ``B`` requests' draft trees with ``rule``'s batched torch twin.
+
+    ``drafts [B, k, gamma]``, ``p [B, k, gamma + 1, V]``, ``q [B, k, gamma, V]``
+    (:mod:`coupling.torch_backend` has the glossary); ``rule`` is a name of :data:`RULES` or a
+    rule (``ValueError`` naming the known rules otherwise); ``kwargs`` are the twin's
+    (``seeds``, ``positions``, ``replacement``, ``validate``, ...). Torch is imported with
+    the twin, on first use.
+
+    >>> import torch, coupling
+    >>> p = torch.tensor([[[[0.5, 0.5], [0.5, 0.5]]]])       # [B=1, k=1, gamma+1=2, V=2]
+    >>> q = torch.tensor([[[[0.5, 0.5]]]])                   # [1, 1, gamma=1, V=2]
+    >>> v = coupling.verify("block", torch.tensor([[[1]]]), p, q, seeds=0, positions=0)
+    >>> int(v.accepted[0])                                   # p == q: always accepted
+    1
+    """
+    return get_rule(rule).torch.verify(drafts, p, q, **kwargs)
+
+
+__all__ = ["RULES", "NEGATIVE_CONTROLS", "Rule", "get_rule", "verify", "verifiers"]

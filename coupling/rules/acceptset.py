@@ -15,14 +15,14 @@ exactly when a draft hits the first ``j`` of them but not the first ``j - 1``, s
 
 .. math:: \nu = \sum_j (h_j - h_{j-1})\, \delta_{a_j} + (1 - h_{|A|})\, f .
 
-:math:`h_j` is :func:`coupling.rules.optimal.cut.hit_prefixes` along that order: closed form
+:math:`h_j` is :func:`coupling.lp.cut.hit_prefixes` along that order: closed form
 for i.i.d. drafts (:math:`1 - (1 - q(a_1..a_j))^k`, any ``V``) and for two distinct drafts;
 enumeration for ``k >= 3`` distinct drafts (small ``V``). The distortion is
 :math:`\mathrm{TV}(\nu, p)`. Acceptance (the output is one of the drafts):
 
 .. math:: \alpha = h_{|A|} + \sum_{y \notin A} f(y)\, P(\text{no draft in } A,\ y \text{ drafted}),
 
-the last factor from :func:`coupling.draftsets.inclusion`.
+the last factor from :func:`coupling.lp.draftsets.inclusion`.
 
 Derived here and checked exactly against the enumerated joint (``tests/rules/``).
 """
@@ -34,10 +34,10 @@ import math
 import numpy as np
 
 from ..dist import tuple_law
-from ..draftsets import inclusion
+from ..lp.cut import hit_prefixes
+from ..lp.draftsets import inclusion
 from .base import Rule
 from .common import bound_twin, categorical
-from .optimal.cut import hit_prefixes
 
 __all__ = ["priority", "output_law", "acceptance", "joint", "verify", "chain_step",
            "non_negative", "choice", "AcceptSetRule"]

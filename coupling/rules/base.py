@@ -56,7 +56,10 @@ from ..dist import (
     validate_k,
     validate_replacement,
 )
-from ..solve import solve_draft_law
+from ..keyed import call_uniforms
+from ..lm import check_length, check_models, check_num_paths, check_tree, draft_tree
+from ..lp.cut import optimal_acceptance
+from ..lp.solve import solve_draft_law
 from .common import check_uniforms, require_generator
 from .walk import survivor_counts, walk, walk_outcomes
 
@@ -88,8 +91,14 @@ class Rule:
     drafter_invariant: ClassVar[bool] = False
     #: whether :meth:`verify_block` takes the target's shared Gumbel noise of the call's
     #: positions, ``noise [gamma + 1, V]`` (:func:`coupling.keyed.gumbel_noise`, the noise its
-    #: twin hashes), in place of the coins and draws of :meth:`call_uniforms`
+    #: twin hashes), in place of the coins and draws of :meth:`call_uniforms`; its drafter
+    #: then drafts by that noise too: the twin's ``draft_branches(q [B, k, V], seeds [B],
+    #: positions [B]) -> [B, k]``
     shared_noise: ClassVar[bool] = False
+    #: whether it still means something under greedy decoding (``do_sample=False``): with one
+    #: branch and point-mass laws it accepts a draft iff it is the target's argmax, which is
+    #: greedy decoding token for token (rules that couple *sampled* drafts do not)
+    greedy_ok: ClassVar[bool] = False
     #: ``"token"``: a single-step coupling, lifted to blocks and trees by the walk;
     #: ``"block"``: it judges a drafted block as a whole (no single-step form of its own)
     unit: ClassVar[str] = "token"
@@ -170,7 +179,7 @@ class Rule:
         ``solver="cut"``: its closed form (:meth:`_optimum`; for i.i.d. and successive drafts
         the min-cut scan, :func:`coupling.optimal_acceptance`, at any vocabulary size);
         ``"pot"``, ``"highs"``, ``"cvxpy"``: the LP itself over the enumerated draft law
-        (:func:`coupling.solve.solve_draft_law`), the cross-check on small vocabularies.
+        (:func:`coupling.lp.solve.solve_draft_law`), the cross-check on small vocabularies.
         """
         pa, qa, k, replacement = self.prepare(p, q, k, replacement)
         if solver == "cut":
@@ -239,7 +248,6 @@ class Rule:
         """The keyed uniforms of one request's call, ``(coins [gamma, k], u [gamma + 1])`` for
         :meth:`verify_block`: the numbers the rule's torch twin draws for this request
         (:func:`coupling.keyed.call_uniforms` unless the rule keys its own)."""
-        from ..keyed import call_uniforms
 
         return call_uniforms(seed, position, gamma, k)
 
@@ -298,7 +306,6 @@ class Rule:
         ``(accepted, branch, next_token)``. ``validate=False`` skips the value checks (the
         caller vouches for finite, normalised laws and drafts possible under ``q``).
         """
-        from ..sequence.models import check_tree
 
         d, P, Q, C, U = check_tree(drafts, p, q, coins, u, values=validate)
         _, replacement = self.require(d.shape[0], replacement)
@@ -314,7 +321,6 @@ class Rule:
                  k: int = 1, replacement: bool = True):
         """Yield ``(emitted, accepted, probability)`` for every outcome of one call on two
         validated, memoised models (:mod:`coupling.sequence`), exactly."""
-        from ..sequence.models import check_num_paths
 
         self.require(k, replacement)
         check_num_paths(target(context).size, gamma)    # the walk can reach every draft path
@@ -326,7 +332,6 @@ class Rule:
         """Draft ``k`` branches from ``draft`` after ``context`` (their first tokens from
         :meth:`draw_drafts`), verify them against ``target`` with uniforms from ``rng``; the
         emitted tokens (models are validated and memoised here unless they already are)."""
-        from ..sequence.models import check_length, check_models, draft_tree
 
         gamma, (k, replacement) = check_length(gamma), self.require(k, replacement)
         target, draft, context = check_models(target, draft, context)
@@ -362,17 +367,21 @@ class Rule:
         return out
 
     # ------------------------------------------------------------------ torch twin
+    #: the module of its batched torch twin, named in full by each rule (``None``: no twin)
+    twin: ClassVar[str | None] = None
+
     @property
     def torch(self):
-        """The batched torch twin: the module ``torch`` of the rule's folder (imported on first
-        use, so the numpy core never needs torch)."""
-        return importlib.import_module(f"{type(self).__module__}.torch")
+        """The batched torch twin, the module :attr:`twin` (imported on first use, so the numpy
+        core never needs torch)."""
+        if self.twin is None:
+            raise ValueError(f"rule {self.name!r} has no torch twin")
+        return importlib.import_module(self.twin)
 
     # ------------------------------------------------------------------ hooks
     def _optimum(self, p: np.ndarray, q: np.ndarray, k: int, replacement: bool) -> float:
         """The closed-form optimum of :meth:`draft_law`; a rule that overrides
         :meth:`_draft_law` overrides this too."""
-        from .optimal.cut import optimal_acceptance
 
         return optimal_acceptance(p, q, k, replacement=replacement)
 

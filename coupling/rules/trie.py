@@ -45,6 +45,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from ..lm import check_tree, path_laws
 from .base import Rule
 
 __all__ = ["Trie", "build_trie", "draft_trees", "unit_of", "TreeLaw", "TreeRule",
@@ -134,7 +135,6 @@ def draft_trees(target: Callable, draft: Callable, gamma: int, k: int, *,
     :math:`a_1..a_k` are ordered successive draws from :math:`q = q(\cdot \mid c)`,
     :math:`\prod_j q(a_j) / (1 - \sum_{l<j} q(a_l))`, times each chain's continuation.
     """
-    from ..sequence.models import path_laws  # sequence imports the rules: import on use
 
     chains = list(path_laws(target, draft, gamma, context=context))
     X = np.stack([c[0] for c in chains])
@@ -213,7 +213,6 @@ class TreeRule(Rule):
         r""":math:`P(\tau \ge i \mid \text{tree})` for ``i = 1..gamma``: with
         :meth:`expected_tokens`, the exact expected tokens of the call given its whole tree
         (``branch`` is not used: the rule chooses the branch itself)."""
-        from ..sequence.models import check_tree
 
         k, g = np.shape(drafts)
         d, P, Q, _, _ = check_tree(drafts, p, q, np.zeros((g, k)), np.zeros(g + 1))
@@ -242,6 +241,4 @@ class NegativeControl:
         self.title = f"broken on purpose: {self.name} where {self.controls[control]}"
         self.name = f"{self.name}_{control}"
 
-    @property
-    def torch(self):
-        raise ValueError(f"the negative control {self.name} has no torch twin")
+    twin = None  # a negative control has no torch twin

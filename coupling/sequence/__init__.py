@@ -6,6 +6,7 @@ achieve), :mod:`.tree_lp` (the same for a draft tree of ``k`` paths), :mod:`.pre
 per call predicted from recorded laws), :mod:`.example` (Sun et al.'s motivating example).
 """
 
+from ..lm import LanguageModel, TabularLM, TraceLM
 from .example import motivating_example
 from .lp import (
     VerifierLP,
@@ -14,7 +15,6 @@ from .lp import (
     optimal_expected_accepted,
     verifier_lp,
 )
-from .models import LanguageModel, TabularLM, TraceLM
 from .paths import (
     accepted_length_law,
     block_efficiency,

@@ -8,7 +8,7 @@ r"""The block-level LPs: what any verifier could achieve on one model pair.
   knowledge of both models; :func:`full_information_accepted` is its optimum, which block
   verification attains (``proofs/block_optimality.py`` certifies it with exact duals).
 
-Both solve through :mod:`coupling.solvers` (status checked; ``SolverError`` otherwise).
+Both solve through :mod:`coupling.lp.solvers` (status checked; ``SolverError`` otherwise).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import numpy as np
 import scipy.sparse as sp
 from numpy.typing import ArrayLike
 
-from ..solvers import TOLERANCES, SolverError, check_solver, highs_lp, transport
-from .models import LanguageModel, ModelCache, check_length, check_models, is_exact
+from ..lm import LanguageModel, ModelCache, check_length, check_models, is_exact
+from ..lp.solvers import TOLERANCES, SolverError, check_solver, highs_lp, transport
 
 __all__ = [
     "optimal_expected_accepted",
@@ -62,7 +62,7 @@ def optimal_expected_accepted(
 
     :math:`X \sim Q^\gamma` is the draft block, :math:`Y \sim P^\gamma` the target's own
     :math:`\gamma`-token continuation, :math:`\mathrm{LCP}` their longest common prefix;
-    solved with :func:`coupling.solvers.transport` on the cost :math:`-\mathrm{LCP}`
+    solved with :func:`coupling.lp.solvers.transport` on the cost :math:`-\mathrm{LCP}`
     (:math:`V^\gamma \times V^\gamma`, so tiny V and gamma only). This is the full-information
     upper bound on accepted draft tokens: it ignores that a verifier can only emit tokens up
     to the first disagreement (then the target continues afresh), so it can exceed
@@ -222,7 +222,7 @@ class VerifierLP:
 
 
 #: Solves tried in turn by :meth:`VerifierLP.solve` until one passes its checks: (row scaling,
-#: method, presolve), at :data:`coupling.solvers.TOLERANCES` (HiGHS's default 1e-7 is far
+#: method, presolve), at :data:`coupling.lp.solvers.TOLERANCES` (HiGHS's default 1e-7 is far
 #: above the smallest path masses). On peaked float TabularLMs (V <= 3, gamma <= 3) no single
 #: one always passes; of 800 such instances (concentration 0.03 to 0.5) all but 2 of the most
 #: peaked passed one of these, and those 2 raise SolverError. The first keeps the exact duals

@@ -27,8 +27,7 @@ from fractions import Fraction
 import numpy as np
 
 from ..dist import num_tuples, validate_k, validate_replacement
-from ..rules import Rule, get_rule
-from .models import (
+from ..lm import (
     MAX_PATHS,
     LanguageModel,
     ModelCache,
@@ -37,6 +36,7 @@ from .models import (
     check_models,
     is_exact,
 )
+from ..rules import Rule, get_rule
 
 __all__ = [
     "path_law",

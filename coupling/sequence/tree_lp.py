@@ -44,7 +44,7 @@ selected from the tree: by Gale's supply-demand theorem those with
 this factorisation as the paper's theorem; here it is checked numerically on instances
 (``proofs/tree_lp_selection.py``).
 
-Both LPs are solved by HiGHS through :func:`coupling.solvers.certified_lp` (status, primal and
+Both LPs are solved by HiGHS through :func:`coupling.lp.solvers.certified_lp` (status, primal and
 dual feasibility, duality gap checked; :class:`coupling.SolverError` otherwise). Sizes: ``V =
 3``, ``gamma = 3``, ``k = 3`` has 3654 multisets and about 93000 variables.
 """
@@ -60,8 +60,8 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..dist import validate_k, validate_replacement
-from ..solvers import TOLERANCES, certified_lp
-from .models import LanguageModel, ModelCache, check_length, check_models, path_laws
+from ..lm import LanguageModel, ModelCache, check_length, check_models, path_laws
+from ..lp.solvers import TOLERANCES, certified_lp
 
 __all__ = ["TreeVerifierLP", "tree_verifier_lp", "full_information_tree_accepted",
            "path_selection_lp", "selection_model", "MAX_LP_VARIABLES"]

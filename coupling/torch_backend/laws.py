@@ -3,7 +3,7 @@ r"""Rows of the laws in float64, a chunk of rows at a time: sums, normalised row
 Laws reach the twins as ``[..., V]`` tensors in any float dtype; float32 rows sum to 1 only
 within about ``1e-5``, float16 / bfloat16 rows within ``1e-2``. Every twin computes on the
 float64-normalised laws :math:`p / \sum_y p(y)` per row, the numpy cores' arithmetic
-(:func:`coupling.sequence.models.check_tree`), so its output law is exactly the law of the
+(:func:`coupling.lm.check_tree`), so its output law is exactly the law of the
 normalised target whatever the input precision (rules that use unnormalised rows would emit
 ``max(p - q, 0)`` residuals of the wrong mass: about 1% in total variation for half-precision
 laws).

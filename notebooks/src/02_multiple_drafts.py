@@ -242,9 +242,9 @@ for k, (r, bp_, bq_, finals) in worst.items():
 # Both are lossless and reach the optimum; they are different optimal plans.
 
 # %%
-from coupling.draftsets import pair_sets, set_members
+from coupling.lp.draftsets import pair_sets, set_members
 from coupling.rules.optimal import CutPlan
-from coupling.solve import solve_sets
+from coupling.lp.solve import solve_sets
 
 sets, mass = pair_sets(q, True)
 cp = CutPlan(p, q, 2, True, sets, mass)
@@ -314,7 +314,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from coupling import RULES, check_rule, solve_draft_law, tuple_law, tv
-from coupling.draftsets import group_by_set
+from coupling.lp.draftsets import group_by_set
 from coupling.rules.importance import ImportanceSampling
 from coupling.rules.importance.figure2 import CURVES, PANELS, figure2_curves, panel_laws
 
@@ -512,7 +512,7 @@ from coupling.rules import gls
 from coupling.rules.gumbel import match
 from coupling.rules.relaxed import Relaxed
 from coupling.rules.typical import Typical
-from coupling.solve import optimal_lossy_acceptance
+from coupling.lp.solve import optimal_lossy_acceptance
 from coupling.sequence import TabularLM
 
 rng = np.random.default_rng(8)
@@ -651,7 +651,7 @@ for k in (1, 2, 4):
 # For one pair over $V = 6$ and $k = 1, 2$ drafts, every parameter setting of `typical`
 # ($\varepsilon$, $\delta$) and `relaxed` (top-$k$, margin) gives an exact point (distortion,
 # acceptance). The black curve is the best acceptance of *any* coupling whose output law lies
-# within that distortion of $p$ (an LP, `coupling.solve.optimal_lossy_acceptance`); at zero
+# within that distortion of $p$ (an LP, `coupling.lp.solve.optimal_lossy_acceptance`); at zero
 # distortion it is the lossless optimum. Points below the curve spend their distortion worse
 # than an optimal lossy coupling would (asserted: none is above it).
 

@@ -45,7 +45,7 @@ from coupling import (
 )
 from coupling.rules import traversal
 from coupling.sequence import path_law
-from coupling.sequence.models import check_models, draft_tree
+from coupling.lm import check_models, draft_tree
 
 
 def exact(*values):

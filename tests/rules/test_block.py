@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from coupling import RULES, expected_accepted
+from coupling.lm import path_laws
 from coupling.rules.block import decide
 from coupling.sequence import path_law
-from coupling.sequence.models import path_laws
 from tests.strategies import as_tree, drafted_path, model_pair, rational_lm
 
 BLOCK = RULES["block"]

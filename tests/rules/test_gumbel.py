@@ -19,9 +19,9 @@ from coupling import (
     target_law,
     tv,
 )
+from coupling.lm import check_models
 from coupling.rules import gumbel
 from coupling.rules.gumbel import match, position_gumbels
-from coupling.sequence.models import check_models
 from tests.strategies import drafted_path, model_pair, rational_lm, rule_pairs
 
 GUMBEL = RULES["gumbel"]

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from coupling import RULES, SolverError, solve_coupling, tuple_law
 from coupling.check import trace_mass
-from coupling.draftsets import group_by_set, padded_sets, pair_index, pair_sets, set_members
+from coupling.lp.draftsets import group_by_set, padded_sets, pair_index, pair_sets, set_members
 from coupling.rules import optimal as opt
 from coupling.rules.optimal import CutPlan, cut_plan, optimal_acceptance, optimal_cut, ratio_order
 from tests.strategies import rule_pairs

@@ -11,8 +11,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from coupling import RULES, check_rule, check_sampler, stream_law, target_law, tuple_law, tv
-from coupling.draftsets import inclusion
 from coupling.keyed import STREAM_SAMPLE, uniforms
+from coupling.lp.draftsets import inclusion
 from coupling.rules.common import categorical
 from coupling.rules.gumbel import match
 from coupling.rules.strict import Strict, target_uniforms

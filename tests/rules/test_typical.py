@@ -11,9 +11,9 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from coupling import RULES, check_rule, check_sampler, tuple_law, tv
+from coupling.lp.solve import optimal_lossy_acceptance
 from coupling.rules.common import categorical
 from coupling.rules.typical import Typical, threshold
-from coupling.solve import optimal_lossy_acceptance
 from tests.strategies import rule_pairs
 
 TYPICAL = RULES["typical"]

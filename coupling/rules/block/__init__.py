@@ -70,6 +70,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from ...lm import check_path, path_laws
 from ..base import Rule
 from ..common import categorical, normalise
 
@@ -149,6 +150,8 @@ class Block(Rule):
     """Block verification: judge the drafted block as a whole (module doc)."""
 
     name = "block"
+    twin = "coupling.rules.block.torch"
+    greedy_ok = True
     title = "block verification"
     reference = "Sun et al., arXiv:2403.10444, ICLR 2025 (Algorithm 2)"
     max_drafts = 1
@@ -159,14 +162,12 @@ class Block(Rule):
 
     def path_law(self, drafts, p_path, q_path) -> tuple[np.ndarray, np.ndarray]:
         """:func:`path_law` on validated inputs (float64, or exact Fractions)."""
-        from ...sequence.models import check_path
 
         return path_law(*check_path(drafts, p_path, q_path), plain_residual=self.plain_residual)
 
     def weights(self, drafts, p_path, q_path) -> tuple[np.ndarray, np.ndarray]:
         """``(w [gamma + 1], h [gamma + 1])`` of :func:`weights` as arrays (float64, or
         Fractions for exact laws)."""
-        from ...sequence.models import check_path
 
         x, P, Q = check_path(drafts, p_path, q_path)
         w, h = weights(x, P, Q)
@@ -181,7 +182,6 @@ class Block(Rule):
 
     def outcomes(self, target: Callable, draft: Callable, gamma: int, context: tuple, *,
                  k: int = 1, replacement: bool = True):
-        from ...sequence.models import path_laws
 
         if k != 1:
             raise ValueError(f"block verification takes one draft branch (k = 1), got k={k}")
@@ -224,9 +224,7 @@ class PlainResidual(Block):
     plain_residual = True
     bound_text = "(broken on purpose: output law != p)"
 
-    @property
-    def torch(self):
-        raise ValueError("the negative control block_plain_residual has no torch twin")
+    twin = None  # a negative control has no torch twin
 
 
 RULE = Block()

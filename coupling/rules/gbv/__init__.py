@@ -236,6 +236,7 @@ class GBV(TreeRule):
     """Greedy multi-path block verification (module doc); ``rank`` in :data:`RANKS`."""
 
     name = "gbv"
+    twin = "coupling.rules.gbv.torch"
     title = "greedy multi-path block verification: greedy path selection, then block"
     reference = "Thomas & Pal, arXiv:2602.16961"
     draft_laws = (True,)

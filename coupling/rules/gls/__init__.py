@@ -65,11 +65,12 @@ import numpy as np
 
 from ... import keyed
 from ...dist import tuple_law, validate_count, validate_seed
+from ...lm import check_length, check_models, check_noise, check_num_paths
+from ...lp.cut import optimal_acceptance
 from ..base import Rule
 from ..common import require_generator
 from ..gumbel import conditional_noise
 from ..gumbel import verify_block as gumbel_verify_block
-from ..optimal.cut import optimal_acceptance
 from ..walk import survivor_counts, walk_outcomes
 from . import laws
 from .laws import list_matching, own_column
@@ -174,6 +175,7 @@ class Gls(Rule):
     the target's Gumbel-max token over the columns' maximum."""
 
     name = "gls"
+    twin = "coupling.rules.gls.torch"
     title = "Gumbel-max list sampling (drafter-invariant, k drafts)"
     reference = "Rowan, Phan, Khisti 2025, arXiv 2506.05632 (abstract); laws derived here"
     draft_laws = (True,)
@@ -208,7 +210,6 @@ class Gls(Rule):
         (:math:`G^*` of the call's positions, :func:`coupling.keyed.gumbel_noise`): the token
         at each offset is the target's Gumbel-max token, whatever the drafts (module doc).
         ``q`` is only validated (``None`` skips it)."""
-        from ...sequence.models import check_noise
 
         d, P, G = check_noise(drafts, p, q, noise, values=validate)
         return gumbel_verify_block(d, P, G)
@@ -216,7 +217,6 @@ class Gls(Rule):
     def outcomes(self, target, draft, gamma, context, *, k=1, replacement=True):
         """Exact law of one call: the walk with the step law of ``m`` surviving columns of
         ``k`` (:mod:`coupling.rules.gls.laws`)."""
-        from ...sequence.models import check_num_paths
 
         self.require(k, replacement)
         check_num_paths(target(context).size, gamma)
@@ -225,7 +225,6 @@ class Gls(Rule):
     def sample_call(self, target, draft, gamma, rng, context, *, k=1, replacement=True):
         """One call with fresh i.i.d. Gumbel columns from ``rng`` (``[gamma + 1, k, V]``):
         branch ``c`` drafts with column ``c``, the target reads the columns' maximum."""
-        from ...sequence.models import check_length, check_models
 
         gamma, (k, _) = check_length(gamma), self.require(k, replacement)
         target, draft, context = check_models(target, draft, context)

@@ -23,7 +23,7 @@ from ...torch_backend.common import Verdict, check_probs
 from ...torch_backend.rng import gumbel_noise, keyed_uniforms
 from ..gumbel.torch import verify as gumbel_verify
 
-__all__ = ["list_noise", "draft", "verify"]
+__all__ = ["list_noise", "draft", "draft_branches", "verify"]
 
 
 def list_noise(seeds: torch.Tensor | int, positions: torch.Tensor | int, vocab_size: int,
@@ -61,6 +61,12 @@ def draft(q: torch.Tensor, seeds: torch.Tensor | int,
                                    torch.as_tensor(positions, device=q.device))
     G = list_noise(s.expand(q.shape[:-2]), t.expand(q.shape[:-2]), V, k)
     return torch.argmax(q.to(torch.float64).log() + G, -1)
+
+
+def draft_branches(q: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The drafter side as every shared-noise twin offers it: ``q [B, k, V]``, ``seeds``,
+    ``positions`` ``[B]`` -> ``[B, k]``, branch ``c`` drafting with column ``c`` (:func:`draft`)."""
+    return draft(q, seeds, positions)
 
 
 def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None = None, *,

@@ -143,6 +143,7 @@ class Greedy(Rule):
     verifier that attains its LP optimum."""
 
     name = "greedy"
+    twin = "coupling.rules.greedy.torch"
     title = "greedy drafts (top k-1 tokens + one sample) with their optimal verifier"
     reference = "Hu et al., ICLR 2025 (arXiv 2502.18779)"
     draft_laws = (False,)

@@ -66,6 +66,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from ...dist import validate_count, validate_seed
+from ...lm import check_length, check_models, check_noise, gumbel_block
 from ..base import Rule
 from ..common import require_generator
 
@@ -249,6 +250,7 @@ class Gumbel(Rule):
     and ``p`` under one noise vector."""
 
     name = "gumbel"
+    twin = "coupling.rules.gumbel.torch"
     title = "Gumbel-max coupling (drafter-invariant)"
     reference = "Daliri, Musco, Suresh 2024"
     max_drafts = 1
@@ -284,7 +286,6 @@ class Gumbel(Rule):
         """Verify one request's drafts with the shared noise ``noise [gamma + 1, V]`` (the
         rows of the drafted positions and of the bonus position); ``q`` is only validated
         (``None`` skips it): the output never reads it."""
-        from ...sequence.models import check_noise
 
         d, P, G = check_noise(drafts, p, q, noise, values=validate)
         return verify_block(d, P, G, emit_draft=self.emits_draft)
@@ -292,7 +293,6 @@ class Gumbel(Rule):
     def sample_call(self, target: Callable, draft: Callable, gamma: int,
                     rng: np.random.Generator, context: tuple, *, k: int = 1,
                     replacement: bool = True) -> list[int]:
-        from ...sequence.models import check_length, check_models, gumbel_block
 
         gamma, _ = check_length(gamma), self.require(k, replacement)
         target, draft, context = check_models(target, draft, context)
@@ -314,9 +314,7 @@ class EmitDraft(Gumbel):
         c = match(p, q)
         return c, q - c
 
-    @property
-    def torch(self):
-        raise ValueError("the negative control gumbel_emit_draft has no torch twin")
+    twin = None  # a negative control has no torch twin
 
 
 RULE = Gumbel()

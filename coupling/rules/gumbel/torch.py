@@ -19,7 +19,7 @@ from ...torch_backend.laws import by_row_chunks
 from ...torch_backend.rng import gumbel_noise
 from ...torch_backend.tree import walk_tree
 
-__all__ = ["verify", "draft", "target_tokens"]
+__all__ = ["verify", "draft", "draft_branches", "target_tokens"]
 
 
 def draft(
@@ -39,6 +39,13 @@ def draft(
     s, t = s.expand(q.shape[:-1]), t.expand(q.shape[:-1])
     G = gumbel_noise(s, t, q.shape[-1], dtype=torch.float64, device=q.device)
     return torch.argmax(q.to(torch.float64).log() + G, -1)
+
+
+def draft_branches(q: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The drafter side as every shared-noise twin offers it: ``q [B, k, V]`` (here ``k = 1``),
+    ``seeds``, ``positions`` ``[B]`` -> ``[B, k]``, each row drafting with its own keyed noise
+    (:func:`draft`)."""
+    return draft(q, seeds.unsqueeze(-1), positions.unsqueeze(-1))
 
 
 def target_tokens(

@@ -73,7 +73,7 @@ import functools
 import numpy as np
 
 from ...dist import tuple_law
-from ...solve import solve_coupling
+from ...lp.solve import solve_coupling
 from ..base import Rule
 from ..common import categorical, residual
 from ..optimal import optimal_acceptance
@@ -207,6 +207,7 @@ class ImportanceSampling(Rule):
     then speculative sampling against the selected draft's induced law."""
 
     name = "is"
+    twin = "coupling.rules.importance.torch"
     title = "importance-sampling selection, then speculative sampling"
     reference = "Khisti et al., ICLR 2025 (arXiv 2410.18234)"
     draft_laws = (True,)

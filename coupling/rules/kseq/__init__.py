@@ -50,6 +50,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from ...dist import check_pair, tuple_law, validate_k
+from ...lp.cut import optimal_acceptance
 from ..base import Rule
 from ..common import categorical
 from .rho import beta as beta_at
@@ -157,6 +158,7 @@ class KSequential(Rule):
     else draw the K-SEQ residual."""
 
     name = "kseq"
+    twin = "coupling.rules.kseq.torch"
     title = "SpecTr k-sequential selection"
     reference = "Sun et al., SpecTr, NeurIPS 2023"
     draft_laws = (True,)
@@ -172,7 +174,6 @@ class KSequential(Rule):
         return verify(p, q, drafts, u[:-1], float(u[-1]))
 
     def _bound(self, p, q, k, replacement):
-        from ..optimal import optimal_acceptance
 
         opt = optimal_acceptance(p, q, k, replacement=True)
         return APPROX * opt, opt

@@ -83,6 +83,7 @@ class WeightedMinHash(Rule):
     """Shared darts: each side outputs the token of the first dart under its own graph."""
 
     name = "minhash"
+    twin = "coupling.rules.minhash.torch"
     title = "weighted-MinHash dart coupling (drafter-invariant)"
     reference = "Daliri, Musco, Suresh 2024"
     max_drafts = 1

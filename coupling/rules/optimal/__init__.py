@@ -8,7 +8,7 @@ Sampler and exact law
 * ``k = 1``: speculative sampling (``token``) *is* optimal (acceptance ``1 - TV``), so
   the rule delegates to it at any ``V``; :func:`joint` is the token joint.
 * ``k >= 2``: the rule realises an optimal plan :math:`\pi^\star` of the membership-cost
-  LP (the oracle :func:`coupling.solve.solve_coupling`): given the draft tuple ``t``, output
+  LP (the oracle :func:`coupling.lp.solve.solve_coupling`): given the draft tuple ``t``, output
   ``y`` with probability :math:`\pi^\star(t, y) / Q(t)`, by inverse CDF over ``y = 0..V-1``
   with one uniform (:func:`verify`). The plan is :class:`.plan.CutPlan`, built
   through the min cut ``H`` of the prefix scan: a set of drafts with one token in ``H``
@@ -21,7 +21,7 @@ Sampler and exact law
   because the plan's columns sum to ``p``, and optimal because its flow meets the cut's value.
 
   Two drafts never enumerate tuples: the plan is over the ``U(U+1)/2`` sets of the
-  support's ``U`` tokens (:func:`coupling.draftsets.pair_sets`), where the whole
+  support's ``U`` tokens (:func:`coupling.lp.draftsets.pair_sets`), where the whole
   LP had ``U^2`` rows and ``U`` columns. ``k >= 3`` enumerates the tuple law. The plan is
   built while ``T * U`` (``T`` draft tuples: the size of the whole LP, which bounds a part's
   fallback LP) stays within :data:`MAX_PLAN_ENTRIES`. The rule works on the union of the
@@ -47,13 +47,13 @@ from collections import OrderedDict
 import numpy as np
 
 from ...dist import num_tuples, tuple_law
-from ...draftsets import group_by_set, padded_sets, pair_index, pair_sets
+from ...lp.cut import optimal_acceptance, optimal_cut, ratio_order
+from ...lp.draftsets import group_by_set, padded_sets, pair_index, pair_sets
+from ...lp.plan import CutPlan, cut_plan
 from ..base import Rule
 from ..common import bound_twin, categorical
 from ..token import joint as token_joint
 from ..token import verify as token_verify
-from .cut import optimal_acceptance, optimal_cut, ratio_order
-from .plan import CutPlan, cut_plan
 from .race import RacePlan, race_plan
 
 __all__ = ["optimal_acceptance", "optimal_cut", "ratio_order", "CutPlan", "cut_plan",
@@ -94,7 +94,7 @@ def _memo(params: tuple, laws: tuple[np.ndarray, ...], build):
 
 class SetPlan:
     """The rule's optimal plan, by draft *set* (:class:`.plan.CutPlan`): a tuple's conditional
-    output law is its set's row. Sets of two drafts are :func:`coupling.draftsets.pair_sets`;
+    output law is its set's row. Sets of two drafts are :func:`coupling.lp.draftsets.pair_sets`;
     for ``k >= 3``, ``tuple_set[t]`` is the set of ``tuple_law``'s tuple ``t``."""
 
     def __init__(self, p: np.ndarray, q: np.ndarray, k: int, replacement: bool):
@@ -242,6 +242,7 @@ class Optimal(Rule):
     """
 
     name = "optimal"
+    twin = "coupling.rules.optimal.torch"
     title = "LP-optimal verification (min-cut value, plan or race through the cut)"
     reference = "Sun et al. 2023 (SpecTr, the LP); Hu et al., ICLR 2025 (the min-cut dual)"
     bound_text = "= OPT (LP optimum, min-cut prefix scan; Hu et al. 2025)"

@@ -7,7 +7,7 @@ holds their abstract only, so their algorithm was not read and this is a differe
 enumerates no subsets: one sort of the union support ``U`` of ``p`` and ``q`` (the min cut's
 own) and :math:`O(U k)` vector work (Newton iterations for the join times), per ``(p, q, k)``.
 
-Structure (proved, :mod:`coupling.rules.optimal.plan`)
+Structure (proved, :mod:`coupling.lp.plan`)
 ------------------------------------------------------
 With the tokens sorted by ``p/q`` decreasing, a prefix ``H`` is a min cut; with
 :math:`s = q(H)`, :math:`b = 1 - s` and :math:`F(x) = 1 - (1 - x)^k` the optimum is
@@ -79,8 +79,8 @@ import functools
 
 import numpy as np
 
+from ...lp.cut import scan_order
 from ..common import categorical
-from .cut import scan_order
 from .loads import loads_max, loads_min, win_given_max, win_given_min
 
 __all__ = ["RacePlan", "race_plan", "EPOCH_GAP"]

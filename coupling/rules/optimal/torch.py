@@ -29,7 +29,7 @@ def step(replacement: bool, rule: Optimal = RULE,
     ``laws``: the call's ``(p [B, k, g+1, V], q [B, k, g, V])``. Where several plans are
     optimal, laws one ulp apart may sample different ones: given ``laws``, the plan rows are
     read from them and divided by their float64 sums in numpy, the numpy core's arithmetic
-    bit for bit (:func:`coupling.sequence.models.check_tree`); without, from the walk's
+    bit for bit (:func:`coupling.lm.check_tree`); without, from the walk's
     normalised rows.
     """
     def step(p_i, q_i, x, alive, coins, u, i, act):

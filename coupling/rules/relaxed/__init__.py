@@ -59,6 +59,7 @@ class Relaxed(AcceptSetRule):
     """
 
     name = "relaxed"
+    twin = "coupling.rules.relaxed.torch"
     title = "relaxed acceptance: top-k within a margin (LOSSY)"
     reference = "TensorRT-LLM MTP relaxed acceptance (mtpRelaxedAcceptanceKernel)"
     bound_text = "= its exact acceptance (LOSSY: may exceed the lossless optimum)"

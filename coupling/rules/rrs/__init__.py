@@ -51,7 +51,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...dist import num_tuples, tuple_law
-from ...draftsets import others_sum
+from ...lp.cut import optimal_acceptance
+from ...lp.draftsets import others_sum
 from ..base import Rule
 from ..common import categorical
 
@@ -197,6 +198,7 @@ class RecursiveRejection(Rule):
     the residual the earlier rejections left."""
 
     name = "rrs"
+    twin = "coupling.rules.rrs.torch"
     title = "recursive rejection sampling"
     reference = "SpecInfer (Miao et al. 2024); Yang et al. 2024; Jeon et al. 2024"
     bound_text = ">= 1 - TV (its first step is speculative sampling) and <= OPT"
@@ -211,7 +213,6 @@ class RecursiveRejection(Rule):
         return verify(p, q, drafts, u[:-1], float(u[-1]), replacement=replacement)
 
     def _bound(self, p, q, k, replacement):
-        from ..optimal import optimal_acceptance
 
         return float(np.minimum(p, q).sum()), optimal_acceptance(p, q, k, replacement=replacement)
 

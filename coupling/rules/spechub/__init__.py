@@ -184,6 +184,7 @@ class SpecHub(Rule):
     the transport plan of that sparse law."""
 
     name = "spechub"
+    twin = "coupling.rules.spechub.torch"
     title = "SpecHub: a hub draft and one sample, staged transport plan"
     reference = "Sun, Zhou, Chen, Sun, EMNLP 2024 (arXiv 2411.05289)"
     max_drafts = 2

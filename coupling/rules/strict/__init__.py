@@ -17,7 +17,7 @@ The output is drawn from ``p`` and never changed, so the rule is lossless whatev
 Acceptance (closed form)
 ------------------------
 :math:`\alpha = \sum_y p(y)\, P(y \in \text{drafts})` (:func:`acceptance`, the inclusion
-probabilities of :func:`coupling.draftsets.inclusion`):
+probabilities of :func:`coupling.lp.draftsets.inclusion`):
 
 * ``k = 1``: :math:`\sum_y p(y)\, q(y)`;
 * ``k`` i.i.d. drafts: :math:`\sum_y p(y)\,(1 - (1 - q(y))^k)`, any ``V``;
@@ -50,8 +50,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...dist import tuple_law, validate_seed
-from ...draftsets import inclusion
-from ...keyed import STREAM_SAMPLE, uniforms
+from ...keyed import STREAM_SAMPLE, call_uniforms, uniforms
+from ...lp.draftsets import inclusion
 from ..base import Rule
 from ..common import categorical
 
@@ -88,6 +88,7 @@ class Strict(Rule):
     """Exact match: the target samples its own token; a draft is accepted iff it equals it."""
 
     name = "strict"
+    twin = "coupling.rules.strict.torch"
     title = "exact-match verification (drafter-invariant)"
     reference = "the exact-match check of serving engines; closed form derived here"
     drafter_invariant = True
@@ -109,7 +110,6 @@ class Strict(Rule):
     def call_uniforms(self, seed, position, gamma, k):
         """Coins (never read) and the target's own draws, keyed by the absolute position of the
         token they decide (:func:`target_uniforms`), as the torch twin draws them."""
-        from ...keyed import call_uniforms
 
         return call_uniforms(seed, position, gamma, k)[0], target_uniforms(seed, position, gamma)
 

@@ -36,6 +36,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from ...lm import check_path
 from ..base import Rule
 from ..common import categorical, normalise, residual
 
@@ -100,6 +101,8 @@ class Token(Rule):
     residual."""
 
     name = "token"
+    twin = "coupling.rules.token.torch"
+    greedy_ok = True
     title = "speculative sampling"
     reference = "Leviathan et al. 2023; Chen et al. 2023"
     max_drafts = 1
@@ -126,7 +129,6 @@ class Token(Rule):
 
     def path_law(self, drafts, p_path, q_path) -> tuple[np.ndarray, np.ndarray]:
         """:func:`path_law` on validated inputs (float64, or exact Fractions)."""
-        from ...sequence.models import check_path
 
         return path_law(*check_path(drafts, p_path, q_path),
                         resample_target=self.resample_target)
@@ -156,9 +158,7 @@ class NoResidual(Token):
         over = np.maximum(q - p, 0 * p)      # P(draft y, reject it); the diagonal of the joint
         return np.minimum(p, q) + over * p, p * (over.sum() - over)
 
-    @property
-    def torch(self):
-        raise ValueError("the negative control token_no_residual has no torch twin")
+    twin = None  # a negative control has no torch twin
 
 
 RULE = Token()

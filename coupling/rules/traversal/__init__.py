@@ -228,6 +228,7 @@ class Traversal(TreeRule):
     """Traversal verification (module doc)."""
 
     name = "traversal"
+    twin = "coupling.rules.traversal.torch"
     title = "traversal verification: a draft tree judged leaf to root, sequence by sequence"
     reference = "Weng et al., arXiv:2505.12398, NeurIPS 2025"
     draft_laws = (True, False)

@@ -73,6 +73,7 @@ class Typical(AcceptSetRule):
     """
 
     name = "typical"
+    twin = "coupling.rules.typical.torch"
     title = "Medusa typical acceptance (LOSSY)"
     reference = "Cai et al. 2024 (Medusa), section 2.3.1; FasterDecoding/Medusa"
     bound_text = "= its exact acceptance (LOSSY: may exceed the lossless optimum)"

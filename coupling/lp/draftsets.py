@@ -1,7 +1,7 @@
 r"""The law of the *set* of drafted tokens, the form every multi-draft LP works on.
 
 The membership cost :math:`\mathbf 1[y \notin x]` of a draft tuple ``x`` depends only on the
-set of distinct tokens in it, so the LPs of :mod:`coupling.solve` and the optimal rule's plan
+set of distinct tokens in it, so the LPs of :mod:`coupling.lp.solve` and the optimal rule's plan
 (:mod:`coupling.rules.optimal`) work on draft sets. Two encodings are used:
 
 * ``members [S, V]`` booleans, ``members[s, y]`` iff token ``y`` is in set ``s``;
@@ -19,6 +19,8 @@ from __future__ import annotations
 import functools
 
 import numpy as np
+
+from ..dist import tuple_law
 
 __all__ = [
     "group_by_set",
@@ -181,7 +183,6 @@ def inclusion(q: np.ndarray, k: int, replacement: bool,
             tail[ok] = q[j] * np.minimum(q[ok] / rest[j], 1.0)   # q_y <= 1 - q_j: no overflow
         out[free] = (q * (np.minimum(own, 1.0) + terms.sum() - terms) + tail)[free]
         return np.minimum(out, 1.0)
-    from .dist import tuple_law
 
     tuples, probs = tuple_law(q, k, replacement=False)
     keep = ~avoid[tuples].any(axis=1)

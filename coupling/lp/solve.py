@@ -28,12 +28,12 @@ Structure used (all of it exact)
 * With a 0/1 cost, transport equals a maximum bipartite flow on the zero-cost edges
   (:math:`y \in x`); the mass left unmatched is paired arbitrarily at cost 1 (the product
   of the leftover marginals). The ``"highs"`` and ``"cvxpy"`` solvers solve that sparse flow
-  LP (:func:`coupling.solvers.max_flow`).
+  LP (:func:`coupling.lp.solvers.max_flow`).
 * ``"pot"`` (``ot.emd``, network simplex) solves the dense transport problem; it is the
   fastest exact solver here by far.
 
 :func:`solve_transport` is the general transport LP, a thin front over
-:func:`coupling.solvers.transport` (validation here; rebalancing, cost normalisation and
+:func:`coupling.lp.solvers.transport` (validation here; rebalancing, cost normalisation and
 status checks there).
 """
 
@@ -45,8 +45,9 @@ import numpy as np
 import scipy.sparse as sp
 from numpy.typing import ArrayLike
 
-from .dist import as_distribution, check_pair, tuple_law, validate_k
+from ..dist import as_distribution, check_pair, tuple_law, validate_k
 from .draftsets import group_by_set, padded_sets
+from .plan import cut_plan
 from .solvers import (
     SOLVERS,
     SolverError,
@@ -139,7 +140,7 @@ def solve_sets(p: np.ndarray, q: np.ndarray, k: int, replacement: bool, mass: np
     """The membership-cost transport over draft *sets* (the core of :func:`solve_coupling`).
 
     ``members [S, V]`` (bool) and ``mass [S]`` are the law of the set of distinct drafted
-    tokens (:mod:`coupling.draftsets`; ``k``, ``replacement`` and ``q`` are only read by
+    tokens (:mod:`coupling.lp.draftsets`; ``k``, ``replacement`` and ``q`` are only read by
     ``solver="cut"``, for the min cut). ``p`` and ``q`` are validated distributions.
     Returns ``(plan_s [S, V], acceptance, status)``.
     """
@@ -147,7 +148,6 @@ def solve_sets(p: np.ndarray, q: np.ndarray, k: int, replacement: bool, mass: np
     mass, pa_bal = rebalance(mass, p)
     if solver != "cut":
         return _solve_members(pa_bal, mass, members, solver)
-    from .rules.optimal.plan import cut_plan
 
     cut = cut_plan(pa_bal, q, k, replacement, padded_sets(members), mass)
     plan_s = cut.dense()
@@ -214,7 +214,7 @@ def solve_draft_law(p: ArrayLike, tuples: ArrayLike, probs: ArrayLike, *,
 
     Solves :math:`\max_{\pi \in \Pi(Q, p)} \pi\{y \in x\}` with ``Q`` the law that puts
     ``probs[t]`` on ``tuples[t]``; tuples with the same set of tokens are merged first
-    (:func:`coupling.draftsets.group_by_set`).
+    (:func:`coupling.lp.draftsets.group_by_set`).
 
     Parameters
     ----------
@@ -235,7 +235,7 @@ def solve_draft_law(p: ArrayLike, tuples: ArrayLike, probs: ArrayLike, *,
 
     >>> c = solve_draft_law([0.5, 0.3, 0.2], [[0, 1], [0, 2]], [0.5, 0.5])
     >>> round(c.acceptance, 6)
-    0.9
+    1.0
     """
     check_solver(solver, SOLVERS)
     pa = as_distribution(p, name="p")
@@ -300,7 +300,7 @@ def optimal_lossy_acceptance(p: ArrayLike, q: ArrayLike, k: int = 1, *, distorti
     :math:`\sum_y (a_y + b_y) \le 2D`, :math:`\sum_y f_{s,y} \le m_s`,
     :math:`\sum f + \sum g = 1`; it maximises :math:`\sum f`. Leaving the unmatched mass's
     output free loses nothing: any placement of it is a coupling whose acceptance is at
-    least :math:`\sum f`. Solved by HiGHS (:func:`coupling.solvers.highs_lp`, status
+    least :math:`\sum f`. Solved by HiGHS (:func:`coupling.lp.solvers.highs_lp`, status
     checked); enumerates the set law, so small ``V``.
     """
     pa, qa = check_pair(p, q)

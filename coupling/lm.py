@@ -21,7 +21,7 @@ from fractions import Fraction
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..dist import as_distribution, validate_count
+from .dist import as_distribution, validate_count
 
 __all__ = [
     "LanguageModel",

@@ -1,7 +1,7 @@
 r"""Exact optimal multi-draft acceptance at full vocabulary (min-cut prefix scan).
 
 Let :math:`Q` be the law of ``k`` drafts from ``q`` and ``p`` the target. The optimal
-acceptance (the membership-cost LP of :func:`coupling.solve.solve_coupling`) is a maximum
+acceptance (the membership-cost LP of :func:`coupling.lp.solve.solve_coupling`) is a maximum
 bipartite flow from draft tuples to the tokens they contain, so by max-flow/min-cut
 
 .. math::
@@ -48,7 +48,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ...dist import (
+from ..dist import (
     MAX_TUPLES,
     check_pair,
     num_tuples,
@@ -56,7 +56,7 @@ from ...dist import (
     validate_k,
     validate_replacement,
 )
-from ...draftsets import others_sum
+from .draftsets import others_sum
 
 __all__ = ["optimal_acceptance", "optimal_cut", "ratio_order", "hit_prefixes", "scan",
            "scan_order"]

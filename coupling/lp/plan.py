@@ -28,9 +28,9 @@ import functools
 
 import numpy as np
 
-from ...draftsets import flows_on, members_on
-from ...solvers import TOLERANCES, SolverError, zero_cost_transport
 from .cut import scan
+from .draftsets import flows_on, members_on
+from .solvers import TOLERANCES, SolverError, zero_cost_transport
 
 __all__ = ["CutPlan", "cut_plan"]
 
@@ -131,10 +131,10 @@ class CutPlan:
     """An optimal plan over draft *sets*, built through the min cut (section comment above).
 
     For validated ``p, q`` and the set law ``(sets [S, m], mass [S])`` of ``k`` drafts
-    (:func:`coupling.draftsets.pair_sets` or :func:`coupling.draftsets.padded_sets`: ``-1`` pads
-    a set's token list).
+    (:func:`coupling.lp.draftsets.pair_sets` or :func:`coupling.lp.draftsets.padded_sets`:
+    ``-1`` pads a set's token list).
     ``cut``: the minimising set ``H`` if already known (else
-    :func:`coupling.rules.optimal.cut.optimal_cut`'s scan).
+    :func:`coupling.lp.cut.optimal_cut`'s scan).
 
     Row ``s`` sums to ``mass[s]``; the conditional output law of any tuple of set ``s`` is that
     row, normalised. A set with exactly one token in ``H`` sends it everything; the parts (A)
