@@ -456,7 +456,7 @@ def test_analysis_validates_arguments():
 
 @pytest.mark.parametrize("rule", ["token", "block", "gumbel"])
 def test_enumeration_size_guard_covers_every_rule(monkeypatch, rule):
-    monkeypatch.setattr(models, "MAX_PATHS", 10)  # 3**3 = 27 paths
+    monkeypatch.setattr(lm, "MAX_PATHS", 10)  # 3**3 = 27 paths
     t, d = model_pair(3, 0, 0)
     with pytest.raises(ValueError, match="draft paths"):
         accepted_length_law(rule, t, d, 3)
