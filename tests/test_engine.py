@@ -805,3 +805,36 @@ def test_optimal_without_replacement_drafts_distinct_branches(pair):
                    gamma=2, k=2, replacement=False, cfg=SamplingConfig(1.0, top_k=1), seed=1,
                    predict=True)
     assert len(r.tokens) == 8 and all(s.predicted >= 1.0 for s in r.steps)
+
+
+@pytest.mark.parametrize("name", [n for n in rules_adapter.MULTI_DRAFT_RULES + rules_adapter.
+                                  SINGLE_DRAFT_RULES if rules_adapter.shares_noise(n)])
+def test_engine_drafts_shared_noise_rules_by_their_own_noise(name):
+    """The engine's chain drafter, handed a shared-noise rule (``rule.shared_noise``), drafts
+    every branch by that rule's keyed noise: the twin's ``draft_branches`` bit for bit at every
+    offset, and two draft models agree per branch as often as the Gumbel coupling's collision
+    probability says (5 sigma), where keyed inverse-CDF drafts (the control) agree 0.2 of the
+    time on these laws."""
+    from coupling.llm.drafters import sample_chain
+    from coupling.rules import RULES
+
+    rule = RULES[name]
+    k, g, n = (1 if rule.max_drafts == 1 else 3), 2, 1500
+    laws = [torch.tensor(w, dtype=torch.float64) for w in ([.4, .3, .2, .1], [.1, .2, .3, .4])]
+    gen = torch.Generator().manual_seed(0)
+    drafts = {}
+    for m, q in enumerate(laws):
+        out = []
+        for seed in range(n):
+            x, _ = sample_chain(q[None], lambda x, q=q: q.expand(len(x), -1),  # noqa: B023
+                                lambda k: None, g, k, gen, noise=(name, seed, 11))
+            out.append(x)
+        drafts[m] = torch.stack(out)                                          # [n, k, g]
+    seeds = torch.arange(n)
+    for i in range(g):
+        want = rule.torch.draft_branches(laws[0].expand(n, k, 4), seeds, torch.full((n,), 11 + i))
+        assert torch.equal(drafts[0][:, :, i], want)
+    collision = RULES["gumbel"].acceptance(laws[0].numpy(), laws[1].numpy())
+    agree = float((drafts[0] == drafts[1]).double().mean())
+    assert abs(agree - collision) < 5 * (collision * (1 - collision) / (n * k)) ** 0.5
+    assert abs(0.2 - collision) > 0.1

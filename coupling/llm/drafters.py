@@ -25,7 +25,7 @@ import torch
 from coupling.dist import validate_count
 
 from .cache import CachedLM, prefill, vocab_size
-from .rules_adapter import gumbel_draft
+from .rules_adapter import noise_draft
 from .sampling import SamplingConfig, probs
 
 __all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "NoDrafter", "check_confidence",
@@ -47,7 +47,7 @@ class Drafter(Protocol):
 
     def propose(self, seq: list[int], gamma: int, k: int, cfg: SamplingConfig,
                 gen: torch.Generator, *, distinct_first: bool = False,
-                gumbel: tuple[int, int] | None = None,
+                noise: tuple[str, int, int] | None = None,
                 confidence: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Return drafts int64 [k, g] and their laws float32 [k, g, V] (g <= gamma, may be 0).
 
@@ -69,10 +69,10 @@ class ModelDrafter:
     def reset(self, prompt: list[int]) -> None:
         prefill(self.lm, prompt)
 
-    def propose(self, seq, gamma, k, cfg, gen, *, distinct_first=False, gumbel=None,
+    def propose(self, seq, gamma, k, cfg, gen, *, distinct_first=False, noise=None,
                 confidence=None):
         return draft_block(self.lm, seq, gamma, k, cfg, gen, distinct_first=distinct_first,
-                           gumbel=gumbel, confidence=confidence)
+                           noise=noise, confidence=confidence)
 
     def accept(self, branch: int) -> None:
         self.lm.select(branch)
@@ -111,7 +111,7 @@ class NgramDrafter:
                     return [int(t) for t in arr[start + n:start + n + gamma]]
         return []
 
-    def propose(self, seq, gamma, k, cfg, gen, *, distinct_first=False, gumbel=None,
+    def propose(self, seq, gamma, k, cfg, gen, *, distinct_first=False, noise=None,
                 confidence=None):
         if k != 1:
             raise ValueError(f"k={k}: the n-gram drafter proposes a single branch; use k=1")
@@ -141,7 +141,7 @@ class NoDrafter:
     def reset(self, prompt):
         pass
 
-    def propose(self, seq, gamma, k, cfg, gen, *, distinct_first=False, gumbel=None,
+    def propose(self, seq, gamma, k, cfg, gen, *, distinct_first=False, noise=None,
                 confidence=None):
         dev = gen.device
         return (torch.zeros(k, 0, dtype=torch.long, device=dev),
@@ -164,14 +164,14 @@ def draw_rows(q: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
 
 def draft_block(lm: CachedLM, seq: list[int], gamma: int, k: int, cfg: SamplingConfig,
                 gen: torch.Generator, *, distinct_first: bool = False,
-                gumbel: tuple[int, int] | None = None,
+                noise: tuple[str, int, int] | None = None,
                 confidence: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample k branches of gamma tokens; return tokens [k, gamma] and laws q [k, gamma, V].
 
     Position 1 is common to all branches (one forward at batch 1); then the cache is expanded
     to k rows and positions 2..gamma run as batch-k single-token steps. With ``distinct_first``
     the k first tokens are drawn without replacement (successive sampling from q_1). With
-    ``gumbel=(seed, position)`` drafts are Gumbel argmaxes from the backend's shared noise.
+    ``noise=(rule, seed, position)``: drafts by a shared-noise rule's keyed noise.
     """
     validate_count(gamma, "gamma")
     feed = lm.sync(seq)
@@ -181,19 +181,20 @@ def draft_block(lm: CachedLM, seq: list[int], gamma: int, k: int, cfg: SamplingC
         return probs(lm.forward(x[:, None])[:, -1], cfg)               # [k, V]
 
     return sample_chain(probs(logits, cfg), step, lm.expand, gamma, k, gen,
-                        distinct_first=distinct_first, gumbel=gumbel, confidence=confidence)
+                        distinct_first=distinct_first, noise=noise, confidence=confidence)
 
 
 def sample_chain(q1: torch.Tensor, step, expand, gamma: int, k: int, gen: torch.Generator, *,
-                 distinct_first: bool = False, gumbel: tuple[int, int] | None = None,
+                 distinct_first: bool = False, noise: tuple[str, int, int] | None = None,
                  confidence: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw k branches of gamma tokens from a drafter; return tokens [k, gamma], laws [k, gamma, V].
 
     ``q1`` [1, V] is the law of the first drafted token (common to all branches); ``expand(k)``
     turns the drafter's state into k rows; ``step(x [k])`` feeds the k last drafted tokens and
     returns the next laws [k, V]. Sampling: i.i.d. inverse-CDF draws from ``gen``, or the k
-    first tokens without replacement (``distinct_first``), or Gumbel argmaxes from the
-    backend's shared noise at ``gumbel=(seed, position)`` (single branch).
+    first tokens without replacement (``distinct_first``), or by the keyed noise of a
+    shared-noise rule at ``noise=(rule, seed, position)`` (:func:`.rules_adapter.noise_draft`:
+    ``gls``'s branch ``c`` by its column ``c``).
 
     ``confidence``: a block of one token instead of ``gamma`` when the first law's largest
     probability ``max q1`` is below it. A token past the first pays off only if the first is
@@ -214,10 +215,8 @@ def sample_chain(q1: torch.Tensor, step, expand, gamma: int, k: int, gen: torch.
         # gets fewer branches, each still a distinct draw by successive sampling
         k = min(k, int((q1 > 0).sum()))
     qs = [q1.expand(k, -1)]
-    if gumbel is not None:
-        if k != 1:
-            raise ValueError("gumbel drafting is single-branch (k=1)")
-        x = gumbel_draft(q1, gumbel[0], gumbel[1]).reshape(1)
+    if noise is not None:
+        x = noise_draft(q1.expand(k, -1), *noise)
     elif distinct_first:
         # successive sampling on the tokens of positive mass only: the same law (a zero-mass
         # token is never drawn), but a draw over U <= top-k entries instead of V (1.7 ms of a
@@ -231,8 +230,8 @@ def sample_chain(q1: torch.Tensor, step, expand, gamma: int, k: int, gen: torch.
     for i in range(1, gamma):
         qi = step(toks[-1])
         qs.append(qi)
-        if gumbel is not None:
-            toks.append(gumbel_draft(qi, gumbel[0], gumbel[1] + i).reshape(k))
+        if noise is not None:
+            toks.append(noise_draft(qi, noise[0], noise[1], noise[2] + i))
         else:
             toks.append(draw_rows(qi, gen))
     if gamma == 1:      # one law: a view, not a [k, 1, V] copy

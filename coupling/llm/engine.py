@@ -269,11 +269,11 @@ def step(tlm: CachedLM, drafter: Drafter | None, seq: list[int], budget: int, ru
     and the seconds its analysis took."""
     if drafter is None or run.gamma == 0:
         return (*plain_step(tlm, seq, run, gen), 0.0)
-    gumbel = (run.seed, len(seq)) if run.rule == "gumbel" else None
+    noise = (run.rule, run.seed, len(seq)) if rules_adapter.shares_noise(run.rule) else None
     drafts, q = drafter.propose(seq, min(run.gamma, budget), run.k, run.cfg, gen,
                                 distinct_first=rules_adapter.distinct_first(run.replacement,
                                                                             run.k),
-                                gumbel=gumbel, confidence=run.confidence)
+                                noise=noise, confidence=run.confidence)
     if drafts.shape[1] == 0:
         return (*plain_step(tlm, seq, run, gen), 0.0)
     m, c, emitted, p = verify(tlm, seq, drafts, q, run.rule, run.cfg, run.seed,

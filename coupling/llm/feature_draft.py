@@ -361,7 +361,7 @@ class FeatureDrafter:
 
     @torch.no_grad()
     def propose(self, seq, gamma, k, cfg: SamplingConfig, gen, *, distinct_first=False,
-                gumbel=None, confidence=None):
+                noise=None, confidence=None):
         from .cache import common_prefix
         from .drafters import sample_chain
 
@@ -400,7 +400,7 @@ class FeatureDrafter:
             return self.draft.law(lg, cfg)                               # [k, V]
 
         return sample_chain(self.draft.law(logits, cfg), step, expand, gamma, k, gen,
-                            distinct_first=distinct_first, gumbel=gumbel,
+                            distinct_first=distinct_first, noise=noise,
                             confidence=confidence)
 
     def accept(self, branch: int) -> None:

@@ -31,9 +31,6 @@ PLAIN = "plain"
 #: rules that verify one draft chain (k = 1) and those that verify k branches
 SINGLE_DRAFT_RULES = tuple(n for n, r in RULES.items() if r.max_drafts == 1)
 MULTI_DRAFT_RULES = tuple(n for n, r in RULES.items() if r.max_drafts != 1)
-#: rules whose verifier emits the target's keyed Gumbel-max token (fed the keyed noise, not
-#: uniforms): gls's list columns live on the drafter's side, its verifier is gumbel's
-GUMBEL_NOISE_RULES = ("gumbel", "gls")
 
 
 def check_rule(rule: str, k: int = 1, replacement: bool = True, *,
@@ -180,7 +177,7 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
     else:
         check_inputs(drafts[None], p[None], q[None], seed, position)
         kwargs = {"replacement": replacement}
-        if rule in GUMBEL_NOISE_RULES:
+        if shares_noise(rule):
             kwargs["noise"] = _gumbel_noise_torch(seed, position, drafts.shape[1], V, idx, p)
         verdict = RULES[rule].torch.verify(drafts[None], p[None], q[None], seeds=seed,
                                            positions=position, **kwargs)
@@ -199,7 +196,7 @@ def _decide_numpy(name: str, replacement: bool, drafts: torch.Tensor, p: torch.T
     d = drafts.numpy()
     P, Q = p.detach().numpy(), q.detach().numpy()
     rule = RULES[name]
-    if name in GUMBEL_NOISE_RULES:
+    if shares_noise(name):
         tokens = np.arange(P.shape[-1]) if idx is None else idx.numpy()
         noise = keyed.gumbel_noise(seed, position + np.arange(g + 1), tokens)
         return rule.verify_block(d, P, Q, noise, replacement=replacement)
@@ -244,7 +241,7 @@ def sample_target(rule: str, p: torch.Tensor, seed: int, position: int,
 
     from .sampling import sample_rows
 
-    if rule in GUMBEL_NOISE_RULES:
+    if shares_noise(rule):
         return int(_gumbel_argmax(p, seed, position, "p")[0])
     check_probs(p, "p")
     seeds = torch.tensor([seed], device=p.device)
@@ -257,3 +254,19 @@ def gumbel_draft(q: torch.Tensor, seed: int, position: int) -> torch.Tensor:
     """Drafter side of the Gumbel coupling: argmax(log q + G(seed, position)) per row of
     q [rows, V], every row keyed by the same (seed, position)."""
     return _gumbel_argmax(q, seed, position, "q")
+
+
+def shares_noise(rule: str) -> bool:
+    """Whether ``rule`` verifies by the target's keyed Gumbel noise (``rule.shared_noise``)."""
+    return rule != PLAIN and RULES[rule].shared_noise
+
+
+def noise_draft(q: torch.Tensor, rule: str, seed: int, position: int) -> torch.Tensor:
+    """The drafts of a shared-noise rule at one position: ``q [k, V]`` -> ``[k]``, branch ``c``
+    by the rule's keyed noise (its twin's ``draft_branches``). One branch drafts by the
+    target's own noise G* in every such rule (gls's single column is G*), so it takes the
+    support-restricted argmax of :func:`gumbel_draft`, without hashing all ``V`` tokens."""
+    if q.shape[0] == 1:
+        return gumbel_draft(q, seed, position).reshape(1)
+    s, t = (torch.tensor([v], device=q.device) for v in (seed, position))
+    return RULES[rule].torch.draft_branches(q.unsqueeze(0), s, t)[0]
