@@ -24,8 +24,8 @@ call runs inside ``torch.random.fork_rng`` seeded from the checker's numpy gener
 check is reproducible and the caller's global torch state is left alone.
 
 On a CPU both adapters run the wrapped call with one intra-op thread (restored after): the
-tensors are tiny, and a busy 2-core machine was measured at 20 ms per ``softmax`` of a
-``[1, 2, 3]`` tensor with two threads against 1.3 us with one.
+tensors are tiny, and on a loaded machine several threads make each small op wait for the
+others rather than run faster.
 """
 
 from __future__ import annotations

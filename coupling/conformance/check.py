@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .. import target_law
+from ..dist import validate_count
 from .loop import Laws, exact_law, sample_counts
 from .pairs import Pair, as_pairs, model_pairs
 from .stats import MIN_EXPECTED, POWER, detectable_tv, likelihood_ratio, tv_interval
@@ -113,12 +114,6 @@ def _tv_text(tv: float, lo: float, hi: float) -> str:
     return f"{tv:.4f} [{lo:.3f}, {hi:.3f}]"
 
 
-def _count(value, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return int(value)
-
-
 def _worst(probs: np.ndarray, ref: np.ndarray, V: int, L: int) -> tuple:
     top = np.argsort(-np.abs(probs - ref), kind="stable")[:3]
     return tuple((tuple(int(t) for t in np.unravel_index(i, (V,) * L)), float(probs[i]),
@@ -204,10 +199,10 @@ def check_verifier(
     progress : callable, optional
         Called as ``progress(loops_done, loops_total)`` while sampling.
     """
-    V, gamma, k = (_count(v, n) for v, n in ((vocab_size, "vocab_size"), (gamma, "gamma"),
+    V, gamma, k = (validate_count(v, n) for v, n in ((vocab_size, "vocab_size"), (gamma, "gamma"),
                                                (k, "k")))
-    length = gamma + 2 if length is None else _count(length, "length")
-    draws = DRAWS if draws is None else _count(draws, "draws")
+    length = gamma + 2 if length is None else validate_count(length, "length")
+    draws = DRAWS if draws is None else validate_count(draws, "draws")
     _check_settings(verify, replacement, alpha, exact)
     pairs = model_pairs(V, k=k, replacement=bool(replacement), seed=seed) if pairs is None \
         else as_pairs(pairs)

@@ -219,8 +219,7 @@ def sample_chain(q1: torch.Tensor, step, expand, gamma: int, k: int, gen: torch.
         x = noise_draft(q1.expand(k, -1), *noise)
     elif distinct_first:
         # successive sampling on the tokens of positive mass only: the same law (a zero-mass
-        # token is never drawn), but a draw over U <= top-k entries instead of V (1.7 ms of a
-        # step at V = 49152 on the reference CPU)
+        # token is never drawn), but a draw over U <= top-k entries instead of V
         support = q1[0].nonzero().squeeze(-1)
         x = support[torch.multinomial(q1[0, support], k, replacement=False, generator=gen)]
     else:

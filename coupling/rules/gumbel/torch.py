@@ -77,9 +77,9 @@ def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None = None,
     ``replacement`` is accepted for a uniform call signature: the output depends on neither.
     ``noise``: optional float64 ``[B, gamma+1, V]`` holding ``gumbel_noise(seeds, t + i, V)``
     for ``i = 0..gamma``, e.g. kept from drafting with :func:`gumbel_draft`, to skip
-    recomputing it (about 0.8 ms per 49152-entry vector on one CPU thread); or ``[B, gamma,
-    V]``, the drafter's positions only: the bonus position's noise is then hashed here, and
-    only if the walk reaches it. The caller vouches that it is that noise.
+    recomputing it (hashing a whole vocabulary's noise is most of a position's cost); or
+    ``[B, gamma, V]``, the drafter's positions only: the bonus position's noise is then hashed
+    here, and only if the walk reaches it. The caller vouches that it is that noise.
     """
     if q is None:  # the rule never reads q: validate against a uniform stand-in
         if not isinstance(p, torch.Tensor) or p.ndim not in (3, 4) or not p.dtype.is_floating_point:

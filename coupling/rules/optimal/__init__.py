@@ -75,8 +75,8 @@ def _memo(params: tuple, laws: tuple[np.ndarray, ...], build):
     ``build()`` on a miss.
 
     The key holds 64 entries of each law, and a hit is confirmed by comparing the whole laws
-    with those stored beside the plan: hashing two full laws of 49152 entries cost more
-    (0.2 ms) than looking a plan up should, where serving brings new laws every call. The
+    with those stored beside the plan: hashing two full laws of 49152 entries costs more than
+    looking a plan up should, where serving brings new laws every call. The
     laws are stored as given: callers pass arrays no one else writes to.
     """
     key = params + tuple((a.shape, a[:: max(1, a.size // 64)].tobytes()) for a in laws)
