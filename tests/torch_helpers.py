@@ -365,30 +365,7 @@ def disagreeing_pair() -> tuple[TabularLM, TabularLM]:
             TabularLM(4, order=1, seed=12, concentration=0.6))
 
 
-
 # ----------------------------------------------------------------------------- multi-draft checks
-def check_single_step_parity(rule: str, replacement: bool, cases, seed: int = 10) -> None:
-    """Fed the same explicit uniforms, a one-offset tree of ``k`` drafts gets the numpy core's
-    verdict (``verify_block``: the rule's single-step core on the drafts, then the bonus), for
-    ``(V, k)`` in ``cases``, three law pairs each."""
-    rng = np.random.default_rng(seed)
-    core = RULES[rule]
-    for V, k in cases:
-        for _ in range(3):
-            p, q = random_pq(rng, V, 0.4)
-            B = 200
-            X = draw_tuples(q, k, B, replacement, seed=int(rng.integers(1 << 30)))
-            drafts, P, Q = single_step_inputs(p, q, X)
-            coins = torch.tensor(rng.random((B, 1, k)))
-            su = torch.tensor(rng.random((B, 2)))
-            ver = core.torch.verify(drafts, P, Q, seeds=0, positions=0, replacement=replacement,
-                                    accept_u=coins, sample_u=su)
-            rows = verdict_rows(ver)
-            for b in range(B):
-                want = core.verify_block(drafts[b].numpy(), P[b].numpy(), Q[b].numpy(),
-                                         coins[b].numpy(), su[b].numpy(), replacement=replacement)
-                assert rows[b] == want, (rule, V, k, b)
-                assert int(ver.accepted[b]) == int(int(ver.tokens[b, 0]) in X[b].tolist())
 
 
 def check_keyed_tree_parity(rule: str, replacement: bool, trees) -> None:
@@ -410,19 +387,6 @@ def check_keyed_tree_parity(rule: str, replacement: bool, trees) -> None:
     batch = core.torch.verify(X, P, Q, seeds=seeds, positions=3 * seeds, replacement=replacement)
     assert verdict_rows(batch) == numpy_keyed_rows(rule, X, P, Q, seeds, 3 * seeds,
                                                    replacement=replacement)
-
-
-def check_k1_is_token(rule: str) -> None:
-    """With one branch a multi-draft rule is the token rule, coin for coin along a block."""
-    rng = np.random.default_rng(11)
-    B, g, V = 300, 4, 30
-    P = torch.tensor(rng.dirichlet(np.full(V, 0.3), size=(B, 1, g + 1)))
-    Q = torch.tensor(rng.dirichlet(np.full(V, 0.3), size=(B, 1, g)))
-    X = sample_rows(Q.reshape(-1, V), torch.tensor(rng.random(B * g))).reshape(B, 1, g)
-    seeds, pos = torch.arange(B), torch.tensor(rng.integers(0, 1000, B))
-    a = RULES["token"].torch.verify(X, P, Q, seeds=seeds, positions=pos)
-    b = RULES[rule].torch.verify(X, P, Q, seeds=seeds, positions=pos)
-    assert torch.equal(a.tokens, b.tokens)
 
 
 def tuple_rows(X: torch.Tensor, tuples: np.ndarray, V: int) -> torch.Tensor:
@@ -455,47 +419,6 @@ def check_single_step_joint_law(rule: str, replacement: bool, V: int, k: int, B:
     acc = ver.accepted.double().mean().item()
     want = RULES[rule].acceptance(p, q, k, replacement=replacement)
     assert abs(acc - want) < 5 * (want * (1 - want) / B) ** 0.5 + 1e-12
-
-
-def check_multi_batch_invariance(rule: str) -> None:
-    """Permuted batches and single rows get the same verdicts; the emitted prefix is the chosen
-    branch's."""
-    verify = RULES[rule].torch.verify
-    rng = np.random.default_rng(15)
-    B, k, g, V = 40, 3, 4, 64
-    P = torch.tensor(rng.dirichlet(np.full(V, 0.2), size=(B, k, g + 1)), dtype=torch.float32)
-    Q = torch.tensor(rng.dirichlet(np.full(V, 0.2), size=(B, k, g)), dtype=torch.float32)
-    X = sample_rows(Q.reshape(-1, V).double(), torch.tensor(rng.random(B * k * g))).reshape(B, k, g)
-    # make some branches share prefixes, as in a real tree
-    X[:, 1, :2] = X[:, 0, :2]
-    P[:, 1, :3] = P[:, 0, :3]
-    Q[:, 1, :2] = Q[:, 0, :2]
-    seeds, pos = torch.tensor(rng.integers(0, 2**40, B)), torch.tensor(rng.integers(0, 500, B))
-    full = verify(X, P, Q, seeds=seeds, positions=pos)
-    perm = torch.tensor(rng.permutation(B))
-    assert torch.equal(
-        verify(X[perm], P[perm], Q[perm], seeds=seeds[perm], positions=pos[perm]).tokens,
-        full.tokens[perm],
-    )
-    for b in (0, 21, 39):
-        one = verify(X[b : b + 1], P[b : b + 1], Q[b : b + 1], seeds=seeds[b : b + 1],
-                     positions=pos[b : b + 1])
-        assert torch.equal(one.tokens[0], full.tokens[b])
-    for b in range(B):
-        n = int(full.accepted[b])
-        assert full.tokens[b, :n].tolist() == X[b, int(full.branch[b]), :n].tolist()
-
-
-def check_cuda_matches_cpu(rule: str) -> None:
-    rng = np.random.default_rng(17)
-    B, k, g, V = 32, 3, 4, 64
-    P = torch.tensor(rng.dirichlet(np.full(V, 0.2), size=(B, k, g + 1)))
-    Q = torch.tensor(rng.dirichlet(np.full(V, 0.2), size=(B, k, g)))
-    X = sample_rows(Q.reshape(-1, V), torch.tensor(rng.random(B * k * g))).reshape(B, k, g)
-    fn = RULES[rule].torch.verify
-    a = fn(X, P, Q, seeds=torch.arange(B), positions=9)
-    b = fn(X.cuda(), P.cuda(), Q.cuda(), seeds=torch.arange(B).cuda(), positions=9)
-    assert torch.equal(a.tokens, b.tokens.cpu())
 
 
 def check_degenerate_parity(rule: str, inst) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from hypothesis import strategies as st
 from scipy import stats
 
 from coupling import RULES, TabularLM, check_rule, sample_stream, stream_law, target_law
@@ -18,7 +17,6 @@ from coupling.keyed import call_uniforms
 from coupling.rules.base import Rule
 from coupling.torch_backend import sample_rows, walk_tree
 from coupling.torch_backend.common import coin_uniforms, sample_uniforms
-from tests.strategies import distributions
 
 ALPHA = 1e-4
 
@@ -145,27 +143,6 @@ def check_parity(rule: Rule, trees, replacement: bool, seed: int = 0, **twin_kw)
     assert deep >= 10
 
 
-def check_degenerate_parity(rule: Rule, data, V: int, g: int, kmax: int, replacement: bool,
-                            **twin_kw) -> None:
-    """A hypothesis tree (laws with zeros, ties and one-hots; roots from the rule's law;
-    explicit uniforms): the twin decides as the numpy core."""
-    P = np.stack([data.draw(distributions(V)) for _ in range(g + 1)])
-    Q = np.stack([data.draw(distributions(V)) for _ in range(g)])
-    k = data.draw(st.integers(1, min(kmax, np.count_nonzero(Q[0]))))
-    rng = np.random.default_rng(data.draw(st.integers(0, 2**31)))
-    roots = rule.draw_drafts(Q[0], k, replacement or k == 1, rng)
-    X = np.array([[r] + [rng.choice(V, p=Q[i]) for i in range(1, g)] for r in roots])
-    unif = st.floats(0, 1, exclude_max=True)
-    coins = np.array(data.draw(st.lists(unif, min_size=g * k, max_size=g * k))).reshape(g, k)
-    u = np.array(data.draw(st.lists(unif, min_size=g + 1, max_size=g + 1)))
-    Xt = torch.tensor(X)[None]
-    Pt = torch.tensor(P)[None, None].expand(1, k, g + 1, V)
-    Qt = torch.tensor(Q)[None, None].expand(1, k, g, V)
-    assert twin_verdict(rule, Xt, Pt, Qt, replacement, seeds=0, positions=0,
-                        accept_u=torch.tensor(coins)[None], sample_u=torch.tensor(u)[None],
-                        **twin_kw) == core_verdict(rule, Xt, Pt, Qt, coins, u, replacement)
-
-
 def check_k1_is_token(rule: Rule, **twin_kw) -> None:
     """With one branch the twin is the token twin, coin for coin along a block."""
     rng = np.random.default_rng(11)
@@ -177,31 +154,6 @@ def check_k1_is_token(rule: Rule, **twin_kw) -> None:
     want = RULES["token"].torch.verify(X, P, Q, seeds=seeds, positions=pos).tokens
     assert torch.equal(want, rule.torch.verify(X, P, Q, seeds=seeds, positions=pos,
                                                **twin_kw).tokens)
-
-
-def check_batch_invariance(rule: Rule, k: int, replacement: bool, V: int = 6, seed: int = 15,
-                           **twin_kw) -> None:
-    """Trees of one shape (``k`` branches of 3 tokens over ``V``) verified in one batch, permuted,
-    and alone get the same verdicts; the emitted prefix is the chosen branch's."""
-    trees = [t for t in own_law_trees(rule, np.random.default_rng(seed), 400, replacement,
-                                      kmax=k, sizes=(V,)) if t[0].shape[1:] == (k, 3)]
-    assert len(trees) >= 10
-    X, P, Q = (torch.cat(parts) for parts in zip(*trees, strict=True))
-    B = X.shape[0]
-    seeds, pos = torch.arange(B) * 7 + 1, torch.arange(B) * 3
-    rep = replacement or X.shape[1] == 1
-    full = rule.torch.verify(X, P, Q, seeds=seeds, positions=pos, replacement=rep, **twin_kw)
-    perm = torch.randperm(B, generator=torch.Generator().manual_seed(0))
-    again = rule.torch.verify(X[perm], P[perm], Q[perm], seeds=seeds[perm], positions=pos[perm],
-                              replacement=rep, **twin_kw)
-    assert torch.equal(again.tokens, full.tokens[perm])
-    for b in (0, B - 1):
-        one = rule.torch.verify(X[b:b + 1], P[b:b + 1], Q[b:b + 1], seeds=seeds[b:b + 1],
-                                positions=pos[b:b + 1], replacement=rep, **twin_kw)
-        assert torch.equal(one.tokens[0], full.tokens[b])
-    for b in range(B):
-        n = int(full.accepted[b])
-        assert full.tokens[b, :n].tolist() == X[b, int(full.branch[b]), :n].tolist()
 
 
 def single_step_counts(verify, rule: Rule, p, q, k: int, replacement: bool, B: int,

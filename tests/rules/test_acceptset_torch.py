@@ -1,13 +1,12 @@
 """The batched twins of the LOSSY accept-set rules (:mod:`coupling.rules.typical.torch`,
 :mod:`coupling.rules.relaxed.torch`) against their numpy cores and their exact laws.
 
-* parity: fed the same uniforms (explicit, or keyed by :func:`coupling.keyed.call_uniforms`),
-  each twin's verdict is ``RULES[name].verify_block``'s, on random trees and degenerate laws,
-  for the registry's instance and for parameterised ones (``rule.torch`` is bound to them);
+* parameterised instances decide with their own parameters (``rule.torch`` is bound to them);
 * the exact single-step joint (chi-square) and acceptance;
 * the whole stream over trees has the rule's exact stream law (:func:`coupling.stream_law`),
-  which is *not* the target's: a chi-square against the target law must fail;
-* batch invariance.
+  which is *not* the target's: a chi-square against the target law must fail.
+
+Parity with the numpy core, batch invariance and CUDA: ``tests/rules/test_twins.py``.
 
 Chi-square tests at ``ALPHA = 1e-4`` with fixed seeds (:mod:`tests.torch_helpers`).
 """
@@ -17,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
 
 import coupling
 from coupling.rules import RULES
@@ -26,39 +24,15 @@ from coupling.rules.typical import Typical
 
 from ..torch_helpers import (
     ALPHA,
-    check_degenerate_parity,
-    check_keyed_tree_parity,
-    check_multi_batch_invariance,
     check_single_step_joint_law,
-    check_single_step_parity,
     chi2_pvalue,
     random_trees,
     simulate_tree_stream,
     string_counts,
-    tree_instances,
     verdict_rows,
 )
 
 NAMES = ["typical", "relaxed"]
-
-
-@pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("replacement", [True, False])
-def test_single_step_matches_numpy_core(name, replacement):
-    check_single_step_parity(name, replacement, [(3, 2), (8, 3), (40, 4)])
-
-
-@pytest.mark.parametrize("name", NAMES)
-@pytest.mark.parametrize("replacement", [True, False])
-def test_twin_matches_numpy_core_on_keyed_uniforms(name, replacement):
-    trees = list(random_trees(np.random.default_rng(60), 150, replacement))
-    check_keyed_tree_parity(name, replacement, trees)
-
-
-@pytest.mark.parametrize("name", NAMES)
-@given(inst=tree_instances())
-def test_twin_matches_numpy_core_on_degenerate_laws(name, inst):
-    check_degenerate_parity(name, inst)
 
 
 @pytest.mark.parametrize("rule", [Typical(fallback="greedy", entropy_offset=1e-5),
@@ -94,6 +68,3 @@ def test_tree_stream_has_the_rules_own_law_not_the_targets(name):
     assert chi2_pvalue(counts, coupling.target_law(target, 3)) < ALPHA       # lossy, visibly
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_batch_invariance(name):
-    check_multi_batch_invariance(name)

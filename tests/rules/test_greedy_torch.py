@@ -1,14 +1,13 @@
 """``greedy``'s batched torch twin (:mod:`coupling.rules.greedy.torch`) against its numpy core
 and its exact law.
 
-* parity: on trees whose first tokens are greedy drafts, the twin fed the numpy core's
-  uniforms (explicit, or keyed by (seed, position)) decides exactly as
-  ``RULES["greedy"].verify_block``, also on degenerate hypothesis laws; with one branch it is
-  the token twin, coin for coin;
 * exact single-step law: over 100k keyed draws the (greedy tuple, output) frequencies match
   ``RULES["greedy"].joint`` and the acceptance rate its closed form; a twin that tests the last
   draft against q must fail (chi-square at ALPHA = 1e-4, fixed seeds);
-* batch invariance; the validation of greedy roots.
+* the validation of greedy roots.
+
+Parity with the numpy core (on trees of greedy drafts), batch invariance, one branch and CUDA:
+``tests/rules/test_twins.py``.
 """
 
 from __future__ import annotations
@@ -16,8 +15,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 from coupling import RULES
 from coupling.rules.greedy.torch import step, verify
@@ -25,38 +22,14 @@ from coupling.rules.greedy.torch import step, verify
 from .multidraft_helpers import (
     ALPHA,
     broken_twin,
-    check_batch_invariance,
-    check_degenerate_parity,
     check_draft_roots,
-    check_k1_is_token,
-    check_parity,
     check_single_step_law,
     chi2_pvalue,
-    own_law_trees,
     random_pq,
     single_step_counts,
 )
 
 GREEDY = RULES["greedy"]
-
-
-def test_twin_decides_like_the_numpy_core():
-    trees = own_law_trees(GREEDY, np.random.default_rng(60), 300, False, kmax=4)
-    check_parity(GREEDY, trees, replacement=False)
-
-
-@settings(max_examples=80, deadline=None)
-@given(V=st.integers(2, 6), g=st.integers(1, 3), data=st.data())
-def test_twin_decides_like_the_core_on_degenerate_laws(V, g, data):
-    check_degenerate_parity(GREEDY, data, V, g, 4, False)
-
-
-def test_k1_is_token_coin_for_coin():
-    check_k1_is_token(GREEDY)
-
-
-def test_batch_invariance():
-    check_batch_invariance(GREEDY, 3, False)
 
 
 # ------------------------------------------------------------------ exact single-step law

@@ -4,15 +4,15 @@ exact laws.
 * parity: fed the same uniforms, explicit (``accept_u [B, g, k]``, ``sample_u [B, g+1]``) or
   keyed by (seed, position) (:func:`coupling.keyed.call_uniforms`), the twin's verdict is the
   numpy core's, ``RULES["kseq"].verify_block``, on random trees and degenerate hypothesis laws
-  (a core with rho pinned to 1 disagrees: the comparison can fail); with k = 1 it is the token
-  twin, coin for coin;
+  (a core with rho pinned to 1 disagrees: the comparison can fail);
 * the batched root ``kseq_rho`` equals the numpy root :func:`coupling.rules.kseq.rho.optimal_rho`
   row by row to 1e-12 relative and keeps the validity margin, on sparse, dense (V = 49152),
   clustered, float32-rounded and flat-margin laws;
 * exact single-step law: over 200k keyed draws, the frequencies of (draft tuple, output) match
   ``RULES["kseq"].joint`` and the acceptance rate ``RULES["kseq"].acceptance``;
-* whole-stream losslessness over draft trees of k = 3 i.i.d. branches with tabular models;
-* batch invariance.
+* whole-stream losslessness over draft trees of k = 3 i.i.d. branches with tabular models.
+
+Batch invariance, one branch and CUDA (and parity on every rule): ``tests/rules/test_twins.py``.
 
 Chi-square tests at ``ALPHA = 1e-4`` with fixed seeds (:mod:`tests.torch_helpers`).
 """
@@ -32,13 +32,9 @@ from coupling.rules.kseq.torch import kseq_rho, verify
 
 from ..torch_helpers import (
     ALPHA,
-    check_cuda_matches_cpu,
     check_degenerate_parity,
-    check_k1_is_token,
     check_keyed_tree_parity,
-    check_multi_batch_invariance,
     check_single_step_joint_law,
-    check_single_step_parity,
     chi2_pvalue,
     numpy_keyed_rows,
     random_pq,
@@ -67,10 +63,6 @@ def _verify_rho_one(p, q, drafts, u_accept, u_resid):
 
 
 # ----------------------------------------------------------------------------- parity
-def test_single_step_matches_numpy_core():
-    check_single_step_parity("kseq", True, [(3, 2), (8, 3), (40, 4)])
-
-
 def test_twin_matches_numpy_core_on_keyed_uniforms(monkeypatch):
     """200 whole trees (k <= 4, gamma <= 4, branches sharing prefixes): the twin's keyed verdict
     is the numpy core's on ``call_uniforms``. Negative control: the core with rho pinned to 1
@@ -93,10 +85,6 @@ def test_twin_matches_numpy_core_on_keyed_uniforms(monkeypatch):
 def test_twin_matches_numpy_core_on_degenerate_laws(inst):
     """Hypothesis trees with zeros, ties and one-hots: the twin decides exactly like the core."""
     check_degenerate_parity("kseq", inst)
-
-
-def test_k1_is_token_coin_for_coin():
-    check_k1_is_token("kseq")
 
 
 # ----------------------------------------------------------------------------- the root
@@ -203,16 +191,7 @@ def test_tree_stream_lossless(models):
     assert chi2_pvalue(string_counts(toks, 4), coupling.target_law(target, 3)) > ALPHA
 
 
-# -------------------------------------------------------------- invariance and validation
-def test_batch_invariance():
-    check_multi_batch_invariance("kseq")
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
-def test_cuda_matches_cpu():
-    check_cuda_matches_cpu("kseq")
-
-
+# ----------------------------------------------------------------------------- validation
 def test_validation():
     P = torch.full((2, 2, 2, 5), 0.2)
     Q = torch.full((2, 2, 1, 5), 0.2)

@@ -1,67 +1,32 @@
 """``optimal``'s batched torch twin (:mod:`coupling.rules.optimal.torch`) against its numpy core
 and its exact laws, with and without replacement.
 
-* parity: fed the same uniforms, explicit (``accept_u [B, g, k]``, ``sample_u [B, g+1]``) or
-  keyed by (seed, position) (:func:`coupling.keyed.call_uniforms`), the twin's verdict is the
-  numpy core's, ``RULES["optimal"].verify_block``, on random trees and degenerate hypothesis
-  laws; with k = 1 it is the token twin, coin for coin;
 * exact single-step law: over 40k keyed draws, the frequencies of (draft tuple, output) match
   the optimal plan's joint ``RULES["optimal"].joint`` and the acceptance rate the LP optimum;
 * whole-stream losslessness over draft trees of k = 2 branches with tabular models (V = 3);
 * vocabularies too wide for an exact plan are refused, not approximated.
+
+Parity with the numpy core, batch invariance, one branch and CUDA: ``tests/rules/test_twins.py``.
 
 Chi-square tests at ``ALPHA = 1e-4`` with fixed seeds (:mod:`tests.torch_helpers`).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from hypothesis import given
 
 import coupling
 from coupling.rules.optimal.torch import verify
 
 from ..torch_helpers import (
     ALPHA,
-    check_degenerate_parity,
-    check_k1_is_token,
-    check_keyed_tree_parity,
     check_single_step_joint_law,
-    check_single_step_parity,
     chi2_pvalue,
     numpy_keyed_rows,
-    random_trees,
     simulate_tree_stream,
     string_counts,
-    tree_instances,
 )
-
-
-# ----------------------------------------------------------------------------- parity
-@pytest.mark.parametrize("replacement", [True, False])
-def test_single_step_matches_numpy_core(replacement):
-    check_single_step_parity("optimal", replacement, [(3, 2), (4, 3), (6, 2)])
-
-
-@pytest.mark.parametrize("replacement", [True, False])
-def test_twin_matches_numpy_core_on_keyed_uniforms(replacement):
-    """200 whole trees (k <= 4, gamma <= 4, branches sharing prefixes; the exact plan
-    enumerates V^k tuples: small vocabularies only): the twin's keyed verdict is the numpy
-    core's on ``call_uniforms``."""
-    trees = list(random_trees(np.random.default_rng(60), 200, replacement, (3, 8)))
-    check_keyed_tree_parity("optimal", replacement, trees)
-
-
-@given(tree_instances())
-def test_twin_matches_numpy_core_on_degenerate_laws(inst):
-    """Hypothesis trees with zeros, ties and one-hots: the twin decides exactly like the core."""
-    check_degenerate_parity("optimal", inst)
-
-
-def test_k1_is_token_coin_for_coin():
-    check_k1_is_token("optimal")
 
 
 # ------------------------------------------------------------------ exact laws, streams

@@ -1,17 +1,15 @@
 """``rrs``'s batched torch twin (:mod:`coupling.rules.rrs.torch`) against its numpy core and its
 exact laws, with and without replacement.
 
-* parity: fed the same uniforms, explicit (``accept_u [B, g, k]``, ``sample_u [B, g+1]``) or
-  keyed by (seed, position) (:func:`coupling.keyed.call_uniforms`), the twin's verdict is the
-  numpy core's, ``RULES["rrs"].verify_block``, on random trees and degenerate hypothesis laws;
-  with k = 1 it is the token twin, coin for coin;
 * exact single-step law: over 200k keyed draws, the frequencies of (draft tuple, output) match
   ``RULES["rrs"].joint`` and the acceptance rate ``RULES["rrs"].acceptance``; a twin that
   keeps the target after a rejection must fail;
 * whole-stream losslessness over draft trees (k = 3 i.i.d. branches, or distinct first tokens
   without replacement) with tabular models: first-3-token strings have the target's exact law;
   a walk whose residual ignores the rejected drafts must fail;
-* batch invariance.
+* validation.
+
+Parity with the numpy core, batch invariance, one branch and CUDA: ``tests/rules/test_twins.py``.
 
 Chi-square tests at ``ALPHA = 1e-4`` with fixed seeds (:mod:`tests.torch_helpers`).
 """
@@ -21,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
 
 import coupling
 from coupling.dist import tuple_law
@@ -32,21 +29,13 @@ from coupling.torch_backend.common import coin_uniforms, sample_uniforms
 
 from ..torch_helpers import (
     ALPHA,
-    check_cuda_matches_cpu,
-    check_degenerate_parity,
-    check_k1_is_token,
-    check_keyed_tree_parity,
-    check_multi_batch_invariance,
     check_single_step_joint_law,
-    check_single_step_parity,
     chi2_pvalue,
     draw_tuples,
     random_pq,
-    random_trees,
     simulate_tree_stream,
     single_step_inputs,
     string_counts,
-    tree_instances,
 )
 
 
@@ -80,30 +69,6 @@ def _target_residual_step(p_i, q_i, x, alive, coins, u, i, act):
         r = torch.where(((y < 0) & alive[:, j])[:, None],
                         d / d.sum(1, keepdim=True).clamp(min=1e-300), r)
     return torch.where(y >= 0, y, sample_rows(p_i, u))  # BUG: p instead of r
-
-
-# ----------------------------------------------------------------------------- parity
-@pytest.mark.parametrize("replacement", [True, False])
-def test_single_step_matches_numpy_core(replacement):
-    check_single_step_parity("rrs", replacement, [(3, 2), (8, 3), (40, 4)])
-
-
-@pytest.mark.parametrize("replacement", [True, False])
-def test_twin_matches_numpy_core_on_keyed_uniforms(replacement):
-    """200 whole trees (k <= 4, gamma <= 4, branches sharing prefixes): the twin's keyed verdict
-    is the numpy core's on ``call_uniforms``."""
-    trees = list(random_trees(np.random.default_rng(60), 200, replacement))
-    check_keyed_tree_parity("rrs", replacement, trees)
-
-
-@given(tree_instances())
-def test_twin_matches_numpy_core_on_degenerate_laws(inst):
-    """Hypothesis trees with zeros, ties and one-hots: the twin decides exactly like the core."""
-    check_degenerate_parity("rrs", inst)
-
-
-def test_k1_is_token_coin_for_coin():
-    check_k1_is_token("rrs")
 
 
 # ------------------------------------------------------------------ exact single-step laws
@@ -153,16 +118,7 @@ def test_tree_stream_negative_control(models):
     assert chi2_pvalue(string_counts(toks, 4), coupling.target_law(target, 3)) < ALPHA
 
 
-# -------------------------------------------------------------- invariance and validation
-def test_batch_invariance():
-    check_multi_batch_invariance("rrs")
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
-def test_cuda_matches_cpu():
-    check_cuda_matches_cpu("rrs")
-
-
+# ----------------------------------------------------------------------------- validation
 def test_validation():
     P = torch.full((2, 2, 2, 5), 0.2)
     Q = torch.full((2, 2, 1, 5), 0.2)

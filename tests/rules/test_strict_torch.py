@@ -1,29 +1,25 @@
 """``strict``'s batched torch twin (:mod:`coupling.rules.strict.torch`) against its numpy core
 and its exact laws.
 
-* parity: fed the same uniforms (explicit ``sample_u``, or the keyed
-  :func:`coupling.rules.strict.target_uniforms` of each request's seed and position), the
-  twin's verdict is ``RULES["strict"].verify_block``'s, on random trees and degenerate laws;
 * drafter invariance: three drafters and k = 1 or 3 give one stream under a seed, the target
   sampled alone by inverse CDF at ``U(seed, t, STREAM_SAMPLE, 0)``;
 * the exact single-step joint (chi-square) and acceptance; whole-stream losslessness over
-  trees, and a twin that draws the target's token from ``q`` must fail;
-* batch invariance.
+  trees, and a twin that draws the target's token from ``q`` must fail.
+
+Parity with the numpy core (fed ``RULES["strict"].call_uniforms``), batch invariance and CUDA:
+``tests/rules/test_twins.py``.
 
 Chi-square tests at ``ALPHA = 1e-4`` with fixed seeds (:mod:`tests.torch_helpers`).
 """
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from hypothesis import given
 
 import coupling
 from coupling.keyed import STREAM_SAMPLE
 from coupling.rules import RULES
-from coupling.rules.strict import target_uniforms
 from coupling.rules.strict.torch import verify
 from coupling.torch_backend import sample_rows, walk_tree
 from coupling.torch_backend.common import coin_uniforms
@@ -32,17 +28,10 @@ from coupling.torch_backend.rng import keyed_uniforms
 from ..torch_helpers import (
     ALPHA,
     BatchedTabular,
-    check_cuda_matches_cpu,
-    check_degenerate_parity,
-    check_multi_batch_invariance,
     check_single_step_joint_law,
-    check_single_step_parity,
     chi2_pvalue,
-    random_trees,
     simulate_tree_stream,
     string_counts,
-    tree_instances,
-    verdict_rows,
 )
 
 CORE = RULES["strict"]
@@ -52,35 +41,6 @@ CORE = RULES["strict"]
 def models():
     return (coupling.TabularLM(4, order=1, seed=21, concentration=0.7),
             coupling.TabularLM(4, order=1, seed=22, concentration=0.7))
-
-
-@pytest.mark.parametrize("replacement", [True, False])
-def test_single_step_matches_numpy_core(replacement):
-    check_single_step_parity("strict", replacement, [(3, 2), (8, 3), (40, 4)])
-
-
-@pytest.mark.parametrize("replacement", [True, False])
-def test_twin_matches_numpy_core_on_keyed_uniforms(replacement):
-    """200 whole trees: the twin's keyed verdict is the numpy core's fed the rule's own keyed
-    uniforms (``call_uniforms``: the target's draws ``target_uniforms(seed, position)``)."""
-    deep = 0
-    for seed, (X, P, Q) in enumerate(random_trees(np.random.default_rng(60), 200,
-                                                  replacement)):
-        got = verdict_rows(verify(X, P, Q, seeds=seed, positions=3 * seed,
-                                  replacement=replacement))
-        g, k = X.shape[2], X.shape[1]
-        coins, u = CORE.call_uniforms(seed, 3 * seed, g, k)
-        assert np.array_equal(u, target_uniforms(seed, 3 * seed, g))
-        want = CORE.verify_block(X[0].numpy(), P[0].numpy(), Q[0].numpy(), coins, u,
-                                 replacement=replacement)
-        assert got == [want], seed
-        deep += want[0] >= 2
-    assert deep >= 5
-
-
-@given(tree_instances())
-def test_twin_matches_numpy_core_on_degenerate_laws(inst):
-    check_degenerate_parity("strict", inst)
 
 
 @pytest.mark.parametrize("replacement, V, k", [(True, 3, 2), (False, 4, 3)])
@@ -135,10 +95,3 @@ def test_tree_stream_negative_control(models):
     assert chi2_pvalue(string_counts(toks, 4), coupling.target_law(target, 3)) < ALPHA
 
 
-def test_batch_invariance():
-    check_multi_batch_invariance("strict")
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
-def test_cuda_matches_cpu():
-    check_cuda_matches_cpu("strict")

@@ -1,16 +1,14 @@
 """``token``'s batched torch twin (:mod:`coupling.rules.token.torch`) against its numpy core and
 its exact laws.
 
-* parity: fed the same uniforms, explicit (``accept_u``, ``sample_u``) or keyed by (seed,
-  position) (:func:`coupling.keyed.call_uniforms`), the twin's verdict is the numpy core's,
-  ``RULES["token"].verify_block``, on random laws, with exact zeros, ratios of exactly 1 and
-  degenerate hypothesis laws;
 * exact per-path law: over 200k keyed draws of one drafted path, the joint frequency of
   (accepted length, emitted token) matches :func:`coupling.sequence.paths.path_law`;
 * whole-stream losslessness: batched decoding of 200k requests with tabular models (V=4,
   gamma=2) emits first-3-token strings with the target's exact law; a twin that resamples
   the target after a rejection must fail;
-* batch invariance (sub-batches, permutations, duplicates) and float32 == float64 decisions.
+Parity with the numpy core on explicit and keyed numbers (exact zeros, ratios of exactly 1,
+float32 laws deciding as their float64 values, degenerate hypothesis laws), batch invariance
+and CUDA: ``tests/rules/test_twins.py``.
 
 Chi-square tests at ``ALPHA = 1e-4`` with fixed seeds (:mod:`tests.torch_helpers`).
 """
@@ -20,12 +18,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import coupling
 from coupling.rules import RULES
-from coupling.rules.common import categorical
 from coupling.rules.token.torch import accepted, verify
 from coupling.sequence.paths import path_law
 from coupling.torch_backend import Verdict, sample_rows
@@ -38,17 +33,12 @@ from coupling.torch_backend.common import (
 
 from ..torch_helpers import (
     ALPHA,
-    DEVICES,
     chi2_pvalue,
     disagreeing_pair,
-    numpy_keyed_rows,
     path_counts,
     random_path,
     simulate_stream,
-    stack_paths,
     string_counts,
-    tree_instances,
-    verdict_rows,
 )
 
 CORE = RULES["token"]
@@ -69,83 +59,6 @@ def resample_target(drafts, p, q, *, seeds, positions, **kw) -> Verdict:
 @pytest.fixture(scope="module")
 def tabular_pair():
     return disagreeing_pair()
-
-
-# ----------------------------------------------------------------------------- parity
-@pytest.mark.parametrize("zeros", [False, True])
-def test_twin_matches_numpy_core_on_shared_uniforms(zeros):
-    rng = np.random.default_rng(1 if zeros else 2)
-    for V, gamma in [(2, 1), (3, 2), (5, 4), (8, 6)]:
-        B = 150
-        paths = [random_path(rng, V, gamma, alpha=0.3, zeros=zeros) for _ in range(B)]
-        x, P, Q = stack_paths(paths)
-        au = torch.tensor(rng.random((B, gamma)))
-        su = torch.tensor(rng.random((B, gamma + 1)))
-        ver = verify(x, P, Q, seeds=0, positions=0, accept_u=au, sample_u=su)
-        for b, (xb, Pb, Qb) in enumerate(paths):
-            n, j, y = CORE.verify_block(xb[None], Pb[None], Qb[None], au[b, :, None].numpy(),
-                                        su[b].numpy())
-            assert verdict_rows(ver)[b] == (n, j, y), (V, gamma, b)
-            assert ver.tokens[b, : n + 1].tolist() == [*xb[:n].tolist(), y]
-            assert (ver.tokens[b][n + 1 :] == -1).all()
-
-
-@settings(max_examples=60, deadline=None)
-@given(
-    st.integers(0, 2**32 - 1),
-    st.integers(0, 4),
-    st.sampled_from([2, 3, 7, 60]),
-    st.sampled_from([torch.float32, torch.float64]),
-    st.booleans(),
-)
-def test_twin_matches_numpy_core_on_keyed_uniforms(case, gamma, V, dtype, zeros):
-    """Each request of a batch, verified by the twin with its own keyed draws, gets the verdict
-    of the numpy core fed ``call_uniforms(seed, position)``, over many keys, with exact zeros in
-    the laws, with q = p on the drafted path (ratios of exactly 1) in some requests, and in
-    float32; verified alone, it gets the same verdict as in the batch."""
-    rng = np.random.default_rng(case)
-    B = 24
-    paths = [random_path(rng, V, gamma, alpha=0.4, zeros=zeros) for _ in range(B)]
-    for b in range(0, B, 5):                      # ratio exactly 1 along the whole path
-        x, P, Q = paths[b]
-        paths[b] = (x, np.vstack([Q, P[-1:]]) if gamma else P, Q)
-    x, P, Q = stack_paths(paths, dtype=dtype)
-    seeds = torch.tensor(rng.integers(0, 2**62, B))
-    pos = torch.tensor(rng.integers(0, 10**6, B))
-    batched = verify(x, P, Q, seeds=seeds, positions=pos)
-    if gamma:
-        assert verdict_rows(batched) == numpy_keyed_rows("token", x, P, Q, seeds, pos)
-    else:  # no draft: the bonus token, drawn with the call's first keyed draw
-        u = sample_uniforms(seeds, pos, 0)[:, 0]
-        assert batched.next_token.tolist() == [categorical(P[b, 0, 0].double().numpy(),
-                                                           float(u[b])) for b in range(B)]
-    for b in range(B):
-        one = verify(x[b : b + 1], P[b : b + 1], Q[b : b + 1], seeds=seeds[b : b + 1],
-                     positions=pos[b : b + 1])
-        for got, want in zip(one, batched, strict=True):
-            assert got.dtype == want.dtype and torch.equal(got[0], want[b]), (gamma, b)
-
-
-@given(tree_instances(max_k=1))
-def test_twin_matches_numpy_core_on_degenerate_laws(inst):
-    """Hypothesis laws with zeros, ties and one-hots: the twin decides exactly like the core."""
-    P, Q, x, coins, u = inst
-    ver = verify(torch.tensor(x)[None], torch.tensor(P)[None, None], torch.tensor(Q)[None, None],
-                 seeds=0, positions=0, accept_u=torch.tensor(coins[:, 0])[None],
-                 sample_u=torch.tensor(u)[None])
-    assert verdict_rows(ver) == [CORE.verify_block(x, P[None], Q[None], coins, u)]
-
-
-def test_float32_inputs_decide_like_their_float64_values():
-    """All decisions are computed in float64: float32 probabilities give the decisions of
-    their exact float64 values (no float32 arithmetic on the decision path)."""
-    rng = np.random.default_rng(4)
-    paths = [random_path(rng, 64, 5, alpha=0.2) for _ in range(300)]
-    x, P, Q = stack_paths(paths, dtype=torch.float32)
-    seeds = torch.arange(300)
-    a = verify(x, P, Q, seeds=seeds, positions=7)
-    b = verify(x, P.double(), Q.double(), seeds=seeds, positions=7, atol=1e-4)
-    assert torch.equal(a.tokens, b.tokens)
 
 
 # ----------------------------------------------------------------------------- exact laws
@@ -174,39 +87,3 @@ def test_stream_negative_control_fails(tabular_pair):
     target, draft = tabular_pair
     toks = simulate_stream(resample_target, target, draft, gamma=2, length=3, B=200_000, seed=1)
     assert chi2_pvalue(string_counts(toks, 4), coupling.target_law(target, 3)) < ALPHA
-
-
-# ----------------------------------------------------------------------------- batch invariance
-@pytest.mark.parametrize("device", DEVICES)
-def test_batch_invariance(device):
-    rng = np.random.default_rng(6)
-    B = 64
-    paths = [random_path(rng, 50, 4, alpha=0.3) for _ in range(B)]
-    x, P, Q = stack_paths(paths, dtype=torch.float32, device=device)
-    seeds = torch.tensor(rng.integers(0, 2**40, B), device=device)
-    pos = torch.tensor(rng.integers(0, 4000, B), device=device)
-    full = verify(x, P, Q, seeds=seeds, positions=pos)
-    perm = torch.tensor(rng.permutation(B), device=device)
-    shuffled = verify(x[perm], P[perm], Q[perm], seeds=seeds[perm], positions=pos[perm])
-    assert torch.equal(shuffled.tokens, full.tokens[perm])
-    for b in [0, 17, 63]:
-        one = verify(x[b : b + 1], P[b : b + 1], Q[b : b + 1], seeds=seeds[b : b + 1],
-                     positions=pos[b : b + 1])
-        assert torch.equal(one.tokens[0], full.tokens[b])
-    # the same request 5 times in one batch: 5 identical verdicts
-    idx = torch.full((5,), 3, device=device)
-    dup = verify(x[idx], P[idx], Q[idx], seeds=seeds[idx], positions=pos[idx])
-    assert (dup.tokens == full.tokens[3]).all()
-    # a different seed changes decisions somewhere
-    other = verify(x, P, Q, seeds=seeds + 1, positions=pos)
-    assert not torch.equal(other.tokens, full.tokens)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
-def test_cuda_matches_cpu():
-    rng = np.random.default_rng(7)
-    paths = [random_path(rng, 40, 4, alpha=0.3) for _ in range(128)]
-    a = verify(*stack_paths(paths), seeds=torch.arange(128), positions=5)
-    xc, Pc, Qc = stack_paths(paths, device="cuda")
-    b = verify(xc, Pc, Qc, seeds=torch.arange(128, device="cuda"), positions=5)
-    assert torch.equal(a.tokens, b.tokens.cpu())

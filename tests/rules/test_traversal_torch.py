@@ -1,5 +1,7 @@
 """``traversal``'s batched torch twin, held to the numpy core: the same decisions on the same
-uniforms, the same keyed uniforms whatever the batch, and the exact law on one tree."""
+uniforms, also where rejections leave no residual and where the pool doubles, and the exact
+law on one tree (keyed parity, batch invariance, one path and CUDA:
+``tests/rules/test_twins.py``)."""
 
 from __future__ import annotations
 
@@ -14,8 +16,6 @@ from coupling.rules.traversal import torch as traversal_torch
 from coupling.rules.traversal.torch import postorder, slots
 from coupling.rules.trie import build_trie
 from tests.rules.tree_twins import (
-    assert_cuda_matches_cpu,
-    assert_keyed_and_batch_invariant,
     numpy_verdicts,
     outcome_pvalue,
     twin_verdicts,
@@ -66,22 +66,6 @@ def test_a_pool_that_doubles_makes_the_same_decisions(monkeypatch):
     coins, u = rng.random((300, 3, 3)), rng.random((300, 4))
     assert twin_verdicts(TRAVERSAL, drafts, P, Q, coins, u) \
         == numpy_verdicts(TRAVERSAL, drafts, P, Q, coins, u)
-
-
-def test_keyed_uniforms_are_the_numpy_cores_and_batch_invariant():
-    assert_keyed_and_batch_invariant(TRAVERSAL)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_matches_cpu():
-    assert_cuda_matches_cpu(TRAVERSAL)
-
-
-def test_one_path_is_the_block_twin_coin_for_coin():
-    drafts, P, Q = drafted_trees(4, 3, 1, 200, seed=9)
-    seeds = torch.arange(200)
-    assert twin_verdicts(TRAVERSAL, drafts, P, Q, seeds=seeds, positions=5) \
-        == twin_verdicts(RULES["block"], drafts, P, Q, seeds=seeds, positions=5)
 
 
 def test_the_twin_samples_the_exact_law_of_a_tree():

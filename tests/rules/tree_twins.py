@@ -64,24 +64,6 @@ def outcome_pvalue(rule: Rule, law, drafts, P, Q, n: int, **kwargs) -> float:
     return float(stats.chisquare(obs[keep], exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue)
 
 
-def assert_keyed_and_batch_invariant(rule: Rule) -> None:
-    """A request's verdict is a function of its own (seed, position): equal to the numpy core
-    fed coupling.keyed.call_uniforms, alone or in any batch, in any order."""
-    drafts, P, Q = drafted_trees(3, 3, 3, 64, seed=4)
-    seeds, positions = np.arange(64) * 7 + 1, np.arange(64) + 100
-    coins, u = keyed_uniforms(seeds, positions, 3, 3)
-    want = numpy_verdicts(rule, drafts, P, Q, coins, u)
-    assert twin_verdicts(rule, drafts, P, Q, seeds=torch.tensor(seeds),
-                         positions=torch.tensor(positions)) == want
-    perm = np.random.default_rng(0).permutation(64)
-    got = twin_verdicts(rule, drafts[perm], P[perm], Q[perm], seeds=torch.tensor(seeds[perm]),
-                        positions=torch.tensor(positions[perm]))
-    assert got == [want[i] for i in perm]
-    for b in (0, 17, 63):
-        assert twin_verdicts(rule, drafts[b:b + 1], P[b:b + 1], Q[b:b + 1], seeds=int(seeds[b]),
-                             positions=int(positions[b])) == [want[b]]
-
-
 def sampled_core_pvalues(rule: Rule, references: list[Rule], t, d, gamma: int, k: int, *,
                          n: int = 20_000, seed: int = 7) -> list[float]:
     """``rule.verify_block`` on ``n`` trees drafted from ``(t, d)`` with ``rng`` uniforms: the
@@ -111,17 +93,6 @@ def sampled_core_pvalues(rule: Rule, references: list[Rule], t, d, gamma: int, k
         out.append(float(stats.chisquare(obs[keep],
                                          exp[keep] * obs[keep].sum() / exp[keep].sum()).pvalue))
     return out
-
-
-def assert_cuda_matches_cpu(rule: Rule, **kwargs) -> None:
-    """The twin on a GPU decides as on the CPU (up to float summation order: none of these
-    seeded requests sits on a tie)."""
-    drafts, P, Q = (torch.tensor(a) for a in drafted_trees(4, 3, 3, 256, seed=8))
-    seeds = torch.arange(256)
-    cpu = rule.torch.verify(drafts, P, Q, seeds=seeds, positions=3, **kwargs)
-    gpu = rule.torch.verify(drafts.cuda(), P.cuda(), Q.cuda(), seeds=seeds.cuda(), positions=3,
-                            **kwargs)
-    assert all(torch.equal(a, b.cpu()) for a, b in zip(cpu, gpu, strict=True))
 
 
 def assert_one_path_is_block(rule: Rule) -> None:

@@ -106,7 +106,8 @@ def rank_key(p: np.ndarray, q: np.ndarray, rank: str = "capped") -> np.ndarray:
     """Each token's ranking key at one node: ``min(1, p/q)`` or ``p/q``, and -1 where ``q = 0``
     (float64, or Fractions for exact laws)."""
     one = unit_of(p)
-    ratio = p / np.where(q > 0, q, one)
+    with np.errstate(over="ignore"):    # p over a subnormal q: +inf, above every finite key
+        ratio = p / np.where(q > 0, q, one)
     key = np.minimum(ratio, one) if rank == "capped" else ratio
     return np.where(q > 0, key, -one)
 

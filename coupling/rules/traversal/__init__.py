@@ -149,8 +149,9 @@ class _State:
             for c in self.kids[u]:
                 t = self.trie.token(c)
                 s_t = self.s[u][t]
-                self.w[c] = min(self.w[u] * self.r[u][t] / s_t, self.one) if s_t > 0 \
-                    else 0 * self.one
+                with np.errstate(over="ignore"):    # a subnormal s_t: +inf, capped at 1
+                    self.w[c] = min(self.w[u] * self.r[u][t] / s_t, self.one) if s_t > 0 \
+                        else 0 * self.one
                 stack.append(c)
 
     def reject(self, c: int, control: str | None) -> None:
