@@ -8,7 +8,8 @@ its exact laws.
 * whole-stream losslessness: batched decoding of 200k requests with tabular models (V=4,
   gamma=2) emits first-3-token strings with the target's exact law; the broken twin must fail;
 * Sun et al.'s claims on the twin's samples: block accepts more than token, and 11/9 vs 10/9
-  tokens on the paper's example;
+  tokens on the paper's example.
+
 Parity with the numpy core on explicit (``accept_u`` plays the coins ``eta``) and keyed numbers
 (exact zeros, ratios of exactly 1 and residual masses of exactly 0, float32 laws deciding as
 their float64 values, degenerate hypothesis laws) and CUDA: ``tests/rules/test_twins.py``.

@@ -5,7 +5,8 @@ its exact laws.
   (accepted length, emitted token) matches :func:`coupling.sequence.paths.path_law`;
 * whole-stream losslessness: batched decoding of 200k requests with tabular models (V=4,
   gamma=2) emits first-3-token strings with the target's exact law; a twin that resamples
-  the target after a rejection must fail;
+  the target after a rejection must fail.
+
 Parity with the numpy core on explicit and keyed numbers (exact zeros, ratios of exactly 1,
 float32 laws deciding as their float64 values, degenerate hypothesis laws), batch invariance
 and CUDA: ``tests/rules/test_twins.py``.
