@@ -12,7 +12,8 @@ its exact laws.
 
 Parity with the numpy core on explicit (``accept_u`` plays the coins ``eta``) and keyed numbers
 (exact zeros, ratios of exactly 1 and residual masses of exactly 0, float32 laws deciding as
-their float64 values, degenerate hypothesis laws) and CUDA: ``tests/rules/test_twins.py``.
+their float64 values, degenerate hypothesis laws), batch invariance and CUDA:
+``tests/rules/test_twins.py``.
 
 Chi-square tests at ``ALPHA = 1e-4`` with fixed seeds (:mod:`tests.torch_helpers`).
 """
