@@ -19,6 +19,20 @@ gamma, block, tree
     branch: ``drafts [k, gamma]``, ``p [k, gamma + 1, V]`` (the last row is the bonus law),
     ``q [k, gamma, V]``; it emits the accepted prefix of one branch and one more token.
 
+verify, verify_block, step: one name, one meaning in each layer
+    * ``Rule.verify(p, q, drafts, u)``: the numpy core of one step fed explicit uniforms;
+      ``Rule.verify_block(drafts, p, q, coins, u)``: of one request's tree (a shared-noise
+      rule reads ``noise [gamma + 1, V]`` for ``coins, u``); both return what was emitted;
+    * in a rule's folder, the module-level ``verify(p, q, ...)`` is the single-step kernel behind
+      ``Rule.verify`` (its uniforms as the rule reads them), ``verify_block(drafts, p, q, ...)``
+      the tree kernel of a rule that judges trees whole, ``verify_path`` (``block``) one path's;
+    * a twin's ``verify(drafts, p, q, *, seeds, positions, ...) -> Verdict``: the batched twin,
+      what :func:`coupling.rules.verify` dispatches to;
+    * a twin's ``step(p_i, q_i, x, alive, coins, u, i, act)``: the batched single-step kernel
+      the walk calls (:func:`coupling.torch_backend.tree.walk_tree`); ``make_step(...)``
+      builds it where it depends on a variant or on the call, as :meth:`Rule.make_step` builds
+      the numpy walk's.
+
 A rule subclasses :class:`Rule`, declares what it is (``name``, ``reference``, which draft laws
 and how many drafts it takes, whether it is lossless or drafter-invariant) and implements the
 hooks ``_acceptance``, ``_joint``, ``_verify``, ``_bound`` on validated float64 arrays (a
@@ -286,7 +300,7 @@ class Rule:
         return stay, J.sum(axis=0) - stay
 
     # ------------------------------------------------------------------ blocks and trees
-    def step(self, replacement: bool = True) -> Callable:
+    def make_step(self, replacement: bool = True) -> Callable:
         """The single-step core on validated laws, as the walk calls it:
         ``(p, q, survivors' drafts [m], uniforms [m + 1]) -> token``."""
         self._single_step()
@@ -315,7 +329,7 @@ class Rule:
         return self._verify_block(d, P, Q, C, U, replacement)
 
     def _verify_block(self, drafts, p, q, coins, u, replacement) -> tuple[int, int, int]:
-        return walk(self.step(replacement), drafts, p, q, coins, u)
+        return walk(self.make_step(replacement), drafts, p, q, coins, u)
 
     def outcomes(self, target: Callable, draft: Callable, gamma: int, context: tuple, *,
                  k: int = 1, replacement: bool = True):

@@ -74,7 +74,7 @@ def check_uniforms(u: ArrayLike, n: int, *, open_interval: bool = False,
 
 
 def bound_twin(module: ModuleType, rule) -> SimpleNamespace:
-    """A rule's torch twin bound to a parameterised instance: ``verify`` and ``step`` of
+    """A rule's torch twin bound to a parameterised instance: ``verify`` and ``make_step`` of
     ``module`` with ``rule=rule`` (the registry's instance is the twin's default)."""
     return SimpleNamespace(verify=functools.partial(module.verify, rule=rule),
-                           step=functools.partial(module.step, rule=rule))
+                           make_step=functools.partial(module.make_step, rule=rule))

@@ -269,9 +269,9 @@ def test_verify_reads_the_plan_row_of_the_drafted_tuple():
             edges = np.cumsum(row)
             for y in np.flatnonzero(row > 1e-12):
                 u = (edges[y] - row[y] / 2) / edges[-1]      # the middle of y's interval
-                assert opt.verify(p, q, x, u, replacement=replacement) == y
+                assert opt.plan_verify(p, q, x, u, replacement=replacement) == y
     with pytest.raises(ValueError, match="no draft tuple of this rule"):
-        opt.verify(p, q, np.array([2, 2]), 0.5, replacement=False)
+        opt.plan_verify(p, q, np.array([2, 2]), 0.5, replacement=False)
 
 
 def test_the_plan_cache_serves_equal_laws_and_only_them():

@@ -10,7 +10,7 @@ With context :math:`c`, the draft proposes :math:`X^\gamma = (X_1, \dots, X_\gam
 returns an accepted length :math:`\tau \in \{0, \dots, \gamma\}` and one more token
 :math:`Y`; the call emits :math:`(X_1, \dots, X_\tau, Y)`.
 
-Algorithm (what :func:`verify` does)
+Algorithm (what :func:`verify_path` does)
 ------------------------------------
 Running weights :math:`w_0 = 1`, :math:`w_i = \min(w_{i-1}\, p_i(X_i)/q_i(X_i),\, 1)`;
 residual masses :math:`r_i = \sum_x \max(w_i\, p_{i+1}(x) - q_{i+1}(x), 0)`; per-position
@@ -74,7 +74,7 @@ from ...lm import check_path, path_laws
 from ..base import Rule
 from ..common import categorical, normalise
 
-__all__ = ["weights", "path_law", "decide", "verify", "Block", "RULE", "PLAIN_RESIDUAL"]
+__all__ = ["weights", "path_law", "decide", "verify_path", "Block", "RULE", "PLAIN_RESIDUAL"]
 
 
 def _one(P: np.ndarray):
@@ -133,7 +133,7 @@ def decide(x: np.ndarray, P: np.ndarray, Q: np.ndarray, eta: np.ndarray) -> int:
     return tau
 
 
-def verify(x: np.ndarray, P: np.ndarray, Q: np.ndarray, eta: np.ndarray, u: np.ndarray, *,
+def verify_path(x: np.ndarray, P: np.ndarray, Q: np.ndarray, eta: np.ndarray, u: np.ndarray, *,
            plain_residual: bool = False) -> tuple[int, int]:
     """Deterministic core on a validated float path: ``(tau, y)`` with the coins ``eta [g]``
     and the emitted token drawn by inverse CDF with ``u[tau]`` (``u [g + 1]``)."""
@@ -177,7 +177,8 @@ class Block(Rule):
     def _verify_block(self, drafts, p, q, coins, u, replacement):
         P = np.asarray(p[0], dtype=np.float64)
         Q = np.asarray(q[0], dtype=np.float64)
-        tau, y = verify(drafts[0], P, Q, coins[:, 0], u, plain_residual=self.plain_residual)
+        tau, y = verify_path(drafts[0], P, Q, coins[:, 0], u,
+                             plain_residual=self.plain_residual)
         return tau, 0, y
 
     def outcomes(self, target: Callable, draft: Callable, gamma: int, context: tuple, *,

@@ -12,7 +12,7 @@ constraints, and is intractable in general), and the authors' public reference i
 with one correction (ties, below); the skew formula is re-derived here and checked against
 brute-force enumeration; the paper's theorems could not be read.
 
-Algorithm (what :func:`select` and :func:`verify` do), ``k`` i.i.d. paths
+Algorithm (what :func:`select` and :func:`verify_block` do), ``k`` i.i.d. paths
 -----------------------------------------------------------------------
 1. **Rank.** At every node :math:`u` order the vocabulary by ascending
    :math:`\min(1, p(t \mid u)/q(t \mid u))` (``rank="capped"``, the reference's key) or
@@ -90,7 +90,7 @@ from .. import block
 from ..trie import NegativeControl, TreeLaw, TreeRule, Trie, build_trie, unit_of
 
 __all__ = ["RANKS", "CONTROLS", "rank_key", "rank_order", "skewed", "skew", "select", "node_rows",
-           "verify", "law", "GBV", "GBVControl", "RULE"]
+           "verify_block", "law", "GBV", "GBVControl", "RULE"]
 
 #: ``"capped"``: rank by min(1, p/q) (the reference implementation); ``"ratio"``: by p/q
 RANKS = ("capped", "ratio")
@@ -211,15 +211,15 @@ def _best_child(trie: Trie, node: int, order: np.ndarray, p: np.ndarray, q: np.n
     return max(kids, key=lambda c: pos[trie.token(c)])
 
 
-def verify(drafts: np.ndarray, p: np.ndarray, q: np.ndarray, coins: np.ndarray,
+def verify_block(drafts: np.ndarray, p: np.ndarray, q: np.ndarray, coins: np.ndarray,
            u: np.ndarray, *, rank: str = "capped",
            control: str | None = None) -> tuple[int, int, int]:
     """Deterministic core on a validated float tree: ``(accepted, branch, next_token)``, block
-    verification (:func:`coupling.rules.block.verify`) of the selected path ``branch`` with
+    verification (:func:`coupling.rules.block.verify_path`) of the selected path ``branch`` with
     its skewed laws, its coins ``coins[:, branch]`` and ``u[accepted]`` for the emitted
     token."""
     b, q_star = select(drafts, p, q, rank=rank, control=control)
-    tau, y = block.verify(drafts[b], node_rows(drafts, b, p), q_star, coins[:, b], u)
+    tau, y = block.verify_path(drafts[b], node_rows(drafts, b, p), q_star, coins[:, b], u)
     return tau, b, y
 
 
@@ -255,7 +255,7 @@ class GBV(TreeRule):
         return law(drafts, p, q, rank=self.rank, control=self.control)
 
     def _verify_block(self, drafts, p, q, coins, u, replacement) -> tuple[int, int, int]:
-        return verify(drafts, p, q, coins, u, rank=self.rank, control=self.control)
+        return verify_block(drafts, p, q, coins, u, rank=self.rank, control=self.control)
 
     def __repr__(self) -> str:
         return f"<rule {self.name!r} (rank={self.rank!r}): {self.title}>"

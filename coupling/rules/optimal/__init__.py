@@ -10,7 +10,7 @@ Sampler and exact law
 * ``k >= 2``: the rule realises an optimal plan :math:`\pi^\star` of the membership-cost
   LP (the oracle :func:`coupling.lp.solve.solve_coupling`): given the draft tuple ``t``, output
   ``y`` with probability :math:`\pi^\star(t, y) / Q(t)`, by inverse CDF over ``y = 0..V-1``
-  with one uniform (:func:`verify`). The plan is :class:`.plan.CutPlan`, built
+  with one uniform (:func:`plan_verify`). The plan is :class:`coupling.lp.plan.CutPlan`, built
   through the min cut ``H`` of the prefix scan: a set of drafts with one token in ``H``
   outputs it; the sets hitting ``H`` share their mass over their tokens in ``H``, and the
   sets inside ``H^c`` give each of their tokens exactly ``p`` and send the rest to the
@@ -58,8 +58,8 @@ from .race import RacePlan, race_plan
 
 __all__ = ["optimal_acceptance", "optimal_cut", "ratio_order", "CutPlan", "cut_plan",
            "RacePlan", "race_plan", "set_plan", "tuple_plan", "verify", "race_verify",
-           "verify_tuple",
-           "uses_race", "clear_plan_cache", "Optimal", "RULE", "MAX_PLAN_ENTRIES", "SAMPLERS"]
+           "plan_verify", "uses_race", "clear_plan_cache", "Optimal", "RULE",
+           "MAX_PLAN_ENTRIES", "SAMPLERS"]
 
 #: Largest ``T * V`` (draft tuples times vocabulary) for which the LP plan is built.
 MAX_PLAN_ENTRIES = 4_000_000
@@ -156,21 +156,22 @@ def _race(ps: np.ndarray, qs: np.ndarray, k: int) -> RacePlan:
 
 
 def race_verify(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, u: np.ndarray) -> int:
-    """Deterministic core of the race for ``k`` i.i.d. drafts: ``u [k + 1]``, the per-draft
+    """The race's sampler for ``k`` i.i.d. drafts: ``u [k + 1]``, the per-draft
     coins then the residual draw (validated laws; :meth:`.race.RacePlan.verify`)."""
     support, ps, qs = _on_support(p, q)
     plan = _race(ps, qs, drafts.size)
     return int(support[plan.verify(np.searchsorted(support, drafts), u)])
 
 
-def verify_tuple(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, u: np.ndarray, *,
-                 replacement: bool = True, sampler: str = "auto") -> int:
-    """Deterministic core for ``k >= 2`` drafts on validated laws, ``u [k + 1]`` (the coins then
-    the draw): the race or the plan's row, as :func:`uses_race` decides."""
+def verify(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, u: np.ndarray, *,
+           replacement: bool = True, sampler: str = "auto") -> int:
+    """The deterministic core for ``k >= 2`` drafts on validated laws, ``u [k + 1]`` (the coins
+    then the draw): the race (:func:`race_verify`) or the plan's row (:func:`plan_verify`), as
+    :func:`uses_race` decides."""
     support = int(np.count_nonzero((p > 0) | (q > 0)))
     if uses_race(support, drafts.size, replacement, sampler):
         return race_verify(p, q, drafts, u)
-    return verify(p, q, drafts, float(u[-1]), replacement=replacement)
+    return plan_verify(p, q, drafts, float(u[-1]), replacement=replacement)
 
 
 def _race_joint(p: np.ndarray, q: np.ndarray, k: int) -> np.ndarray:
@@ -205,9 +206,9 @@ def clear_plan_cache() -> None:
     _cache.clear()
 
 
-def verify(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, u: float, *,
-           replacement: bool = True) -> int:
-    """Deterministic core for ``k >= 2`` drafts: one uniform ``u`` for the inverse CDF of the
+def plan_verify(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, u: float, *,
+                replacement: bool = True) -> int:
+    """The plan's sampler for ``k >= 2`` drafts: one uniform ``u`` for the inverse CDF of the
     plan row of the drafted tuple's set (validated laws)."""
     # Tokens with p = q = 0 are never drafted and never output: build the plan on the union
     # of the supports only. Exact, and what makes the rule usable on a 49152-token
@@ -268,7 +269,7 @@ class Optimal(Rule):
     def _verify(self, p, q, drafts, u, replacement):
         if drafts.size == 1:   # speculative sampling is optimal for one draft
             return token_verify(p, q, int(drafts[0]), float(u[0]), float(u[1]))
-        return verify_tuple(p, q, drafts, u, replacement=replacement, sampler=self.sampler)
+        return verify(p, q, drafts, u, replacement=replacement, sampler=self.sampler)
 
     @property
     def torch(self):

@@ -2,7 +2,7 @@
 
 With one survivor it is the token rule (optimal for one draft), vectorised. With ``m >= 2``
 survivors it samples an optimal coupling through the min cut in numpy, one row at a time
-(:func:`coupling.rules.optimal.verify_tuple`): the drafted set's row of the plan (its closed
+(:func:`coupling.rules.optimal.verify`): the drafted set's row of the plan (its closed
 forms and LP fallbacks are numpy code by nature, POT), or, for i.i.d. drafts on supports too
 wide for the plan, the race through the cut, fed the survivors' coins and the offset's draw.
 Without replacement past the plan's size it raises ``ValueError`` rather than approximate
@@ -17,12 +17,13 @@ import torch
 from ...torch_backend.common import Verdict, check_inputs
 from ...torch_backend.tree import StepFn, first_true, verify_tree
 from ..rrs.torch import judge
-from . import RULE, Optimal, verify_tuple
+from . import RULE, Optimal
+from . import verify as core_verify
 
-__all__ = ["verify", "step"]
+__all__ = ["verify", "make_step"]
 
 
-def step(replacement: bool, rule: Optimal = RULE,
+def make_step(replacement: bool, rule: Optimal = RULE,
          laws: tuple[torch.Tensor, torch.Tensor] | None = None) -> StepFn:
     """The single-step rule on the unfinished rows (:data:`coupling.torch_backend.tree.StepFn`).
 
@@ -45,7 +46,7 @@ def step(replacement: bool, rule: Optimal = RULE,
         C, U = coins[idx].cpu().numpy(), u[idx].cpu().numpy()
         for n, b in enumerate(idx.tolist()):    # the survivors' coins, then the offset's draw
             uu = np.append(C[n][A[n]], U[n])
-            y[b] = verify_tuple(P[n], Q[n], X[n][A[n]], uu,
+            y[b] = core_verify(P[n], Q[n], X[n][A[n]], uu,
                                 replacement=replacement, sampler=rule.sampler)
         return y
 
@@ -70,6 +71,6 @@ def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
     :func:`coupling.rules.rrs.torch.verify`; ``rule`` carries the sampler)."""
     # the shapes as the walk reads them (the value checks run once, in verify_tree)
     d, P, Q, _, _ = check_inputs(drafts, p, q, seeds, positions, validate=False, rule="optimal")
-    return verify_tree(step(replacement, rule, laws=(P, Q)), d, P, Q, seeds, positions,
+    return verify_tree(make_step(replacement, rule, laws=(P, Q)), d, P, Q, seeds, positions,
                        replacement=replacement, validate=validate, atol=atol, accept_u=accept_u,
                        sample_u=sample_u, rule="optimal")

@@ -15,7 +15,7 @@ import torch
 from ...torch_backend.common import Verdict, sample_rows
 from ...torch_backend.tree import StepFn, verify_tree
 
-__all__ = ["verify", "step", "judge"]
+__all__ = ["verify", "make_step", "judge"]
 
 
 def _reject(r: torch.Tensor, qc: torch.Tensor, rows: torch.Tensor, xj: torch.Tensor,
@@ -72,7 +72,7 @@ def judge(r: torch.Tensor, qc: torch.Tensor, x: torch.Tensor, alive: torch.Tenso
     return y.index_put((rest,), sample_rows(r.index_select(0, rest), u[rest]))
 
 
-def step(replacement: bool) -> StepFn:
+def make_step(replacement: bool) -> StepFn:
     """The single-step rule on the unfinished rows (:data:`coupling.torch_backend.tree.StepFn`),
     on the walk's own float64 rows of the normalised laws, which it rewrites in place."""
 
@@ -94,6 +94,6 @@ def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
     each branch continues as a single chain. ``accept_u [B, g, k]`` / ``sample_u [B, g+1]``
     override the keyed uniforms. Returns a :class:`~coupling.torch_backend.Verdict`.
     """
-    return verify_tree(step(replacement), drafts, p, q, seeds, positions,
+    return verify_tree(make_step(replacement), drafts, p, q, seeds, positions,
                        replacement=replacement, validate=validate, atol=atol, accept_u=accept_u,
                        sample_u=sample_u, rule="rrs")

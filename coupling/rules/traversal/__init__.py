@@ -13,7 +13,7 @@ verification for one path). The losslessness argument, the dominance over block 
 and the analysis of i.i.d. trees below are derived here and checked by exact enumeration; they
 could not be compared with the paper's own statements.
 
-Algorithm (what :func:`schedule` and :func:`verify` do)
+Algorithm (what :func:`schedule` and :func:`verify_block` do)
 -------------------------------------------------------
 The tree is the trie of the drafted paths (:mod:`coupling.rules.trie`). Every node :math:`v`
 carries a weight :math:`w_v`, a target law :math:`r_v` (initially :math:`p(\cdot \mid v)`)
@@ -100,7 +100,7 @@ import numpy as np
 from ..common import categorical
 from ..trie import NegativeControl, TreeLaw, TreeRule, Trie, build_trie, unit_of
 
-__all__ = ["Step", "schedule", "verify", "law", "Traversal", "TraversalControl", "RULE",
+__all__ = ["Step", "schedule", "verify_block", "law", "Traversal", "TraversalControl", "RULE",
            "CONTROLS"]
 
 #: Deliberately broken variants (negative controls), each a plausible mistake:
@@ -195,7 +195,7 @@ def schedule(drafts: np.ndarray, p: np.ndarray, q: np.ndarray, *,
         state.reject(c, control)
 
 
-def verify(drafts: np.ndarray, p: np.ndarray, q: np.ndarray, coins: np.ndarray,
+def verify_block(drafts: np.ndarray, p: np.ndarray, q: np.ndarray, coins: np.ndarray,
            u: np.ndarray, *, control: str | None = None) -> tuple[int, int, int]:
     """Deterministic core on a validated float tree: ``(accepted, branch, next_token)``.
 
@@ -242,7 +242,7 @@ class Traversal(TreeRule):
         return law(drafts, p, q, control=self.control)
 
     def _verify_block(self, drafts, p, q, coins, u, replacement) -> tuple[int, int, int]:
-        return verify(drafts, p, q, coins, u, control=self.control)
+        return verify_block(drafts, p, q, coins, u, control=self.control)
 
 
 class TraversalControl(NegativeControl, Traversal):
