@@ -13,9 +13,11 @@ The names a user needs are importable from here (the submodules hold the rest):
   :func:`stream_law`, :func:`sample_stream`, :func:`optimal_block_efficiency`,
   :func:`optimal_expected_accepted`, :func:`full_information_accepted`,
   :func:`verifier_lp`, :func:`motivating_example`;
-* draft trees of ``k`` paths: :func:`tree_verifier_lp`, :func:`full_information_tree_accepted`
-  (the LP over every lossless verifier of the tree, the optimum ``traversal`` and ``gbv`` are
-  measured against), :func:`path_selection_lp`;
+* draft trees: :class:`Tree` (a static topology of any shape: per-depth branching, Medusa and
+  EAGLE's path lists, ``k`` chains; ``tree=`` in the exact analysis),
+  :func:`tree_verifier_lp`, :func:`full_information_tree_accepted` (the LP over every lossless
+  verifier of the tree, the optimum ``traversal`` and ``gbv`` are measured against),
+  :func:`path_selection_lp`;
 * the batched torch twins: :func:`verify` (a rule's twin, and torch, load on first use).
 """
 
@@ -50,6 +52,7 @@ from .sequence import (
     tree_verifier_lp,
     verifier_lp,
 )
+from .tree import Tree
 
 __version__ = "0.1.0"
 
@@ -86,6 +89,7 @@ __all__ = [
     "tree_verifier_lp",
     "full_information_tree_accepted",
     "path_selection_lp",
+    "Tree",
     "motivating_example",
     "verify",
 ]

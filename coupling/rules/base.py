@@ -109,6 +109,9 @@ class Rule:
     #: then drafts by that noise too: the twin's ``draft_branches(q [B, k, V], seeds [B],
     #: positions [B]) -> [B, k]``
     shared_noise: ClassVar[bool] = False
+    #: whether its drafts follow a law of its own (:meth:`draft_law`: ``greedy``'s likeliest
+    #: tokens, ``spechub``'s hub pair) rather than i.i.d. or successive draws from ``q``
+    own_draft_law: ClassVar[bool] = False
     #: whether it still means something under greedy decoding (``do_sample=False``): with one
     #: branch and point-mass laws it accepts a draft iff it is the target's argmax, which is
     #: greedy decoding token for token (rules that couple *sampled* drafts do not)

@@ -37,6 +37,8 @@ from ..lm import (
     is_exact,
 )
 from ..rules import Rule, get_rule
+from ..tree import Tree
+from .topology import tree_outcomes
 
 __all__ = [
     "path_law",
@@ -64,6 +66,23 @@ def _rule(rule: str | Rule, k: int, replacement: bool) -> tuple[Rule, int, bool]
     return get_rule(rule, controls=True), validate_k(k), validate_replacement(replacement)
 
 
+def _tree(gamma: int | None, k: int, replacement: bool, tree: Tree | None) -> Tree:
+    """The draft tree of a call: ``tree`` itself, or ``k`` chains of ``gamma`` tokens."""
+    if tree is None:
+        if gamma is None:
+            raise ValueError("give the draft length gamma (with k and replacement), or a "
+                             "draft tree as tree=coupling.Tree(...)")
+        k, replacement = validate_k(k), validate_replacement(replacement)
+        return Tree.from_chains(k, check_length(gamma), replacement=replacement)
+    if not isinstance(tree, Tree):
+        raise TypeError(f"tree must be a coupling.Tree, got {type(tree).__name__}")
+    if gamma is not None or k != 1 or replacement is not True:
+        raise ValueError("tree= fixes the draft length, the branches and how they are drawn; "
+                         "leave gamma, k and replacement out (Tree.from_chains(k, gamma) is "
+                         "the tree of k chains)")
+    return tree
+
+
 def path_law(rule: str | Rule, drafts, p_path, q_path) -> tuple[np.ndarray, np.ndarray]:
     r"""Exact law of one call of a chain rule (``token``, ``block``) given the drafted path:
     ``(tau [gamma + 1], next [gamma + 1, V])``, :math:`P(\tau = i \mid x)` and the law of the
@@ -76,45 +95,51 @@ def path_law(rule: str | Rule, drafts, p_path, q_path) -> tuple[np.ndarray, np.n
 
 
 def accepted_length_law(rule: str | Rule, target: LanguageModel, draft: LanguageModel,
-                        gamma: int, *, k: int = 1, replacement: bool = True,
-                        context: Sequence[int] = ()) -> np.ndarray:
-    r"""Exact law of the accepted length, ``[gamma + 1]``:
-    :math:`P(\tau = i) = \sum_x Q(x) P(\tau = i \mid x)` over the drafted trees."""
-    r, k, replacement = _rule(rule, k, replacement)
-    gamma = check_length(gamma)
+                        gamma: int | None = None, *, k: int = 1, replacement: bool = True,
+                        tree: Tree | None = None, context: Sequence[int] = ()) -> np.ndarray:
+    r"""Exact law of the accepted length, ``[depth + 1]``:
+    :math:`P(\tau = i) = \sum_x Q(x) P(\tau = i \mid x)` over the drafted trees: ``k``
+    branches of ``gamma`` tokens, or a draft tree of any shape (``tree=``,
+    :mod:`coupling.sequence.topology`)."""
+    r = get_rule(rule, controls=True)
+    tree = _tree(gamma, k, replacement, tree)
     T, D, ctx = check_models(target, draft, context)
     exact = is_exact(T(ctx))
-    total = np.array([Fraction(0) if exact else 0.0] * (gamma + 1),
+    total = np.array([Fraction(0) if exact else 0.0] * (tree.depth + 1),
                      dtype=object if exact else np.float64)
-    for _, tau, prob in r.outcomes(T, D, gamma, ctx, k=k, replacement=replacement):
+    for _, tau, prob in tree_outcomes(r, T, D, tree, ctx):
         total[tau] += prob
     return total
 
 
 def expected_accepted(rule: str | Rule, target: LanguageModel, draft: LanguageModel,
-                      gamma: int, *, k: int = 1, replacement: bool = True,
-                      context: Sequence[int] = ()):
+                      gamma: int | None = None, *, k: int = 1, replacement: bool = True,
+                      tree: Tree | None = None, context: Sequence[int] = ()):
     r"""Exact expected number of accepted draft tokens per call, :math:`E[\tau]` (a float, or a
-    Fraction when the models return exact laws)."""
+    Fraction when the models return exact laws); ``tree=`` as in :func:`accepted_length_law`."""
     law = accepted_length_law(rule, target, draft, gamma, k=k, replacement=replacement,
-                              context=context)
+                              tree=tree, context=context)
     s = sum(i * law[i] for i in range(law.size))
     return s if isinstance(s, Fraction) else float(s)
 
 
 def block_efficiency(rule: str | Rule, target: LanguageModel, draft: LanguageModel,
-                     gamma: int, *, k: int = 1, replacement: bool = True,
-                     context: Sequence[int] = ()):
+                     gamma: int | None = None, *, k: int = 1, replacement: bool = True,
+                     tree: Tree | None = None, context: Sequence[int] = ()):
     r"""Exact expected tokens produced per target call, :math:`E[\tau] + 1`, with ``k`` draft
-    branches (i.i.d., or distinct first tokens with ``replacement=False``).
+    branches (i.i.d., or distinct first tokens with ``replacement=False``), or on a draft tree
+    of any shape (``tree=``).
 
     >>> import coupling
     >>> target, draft = coupling.TabularLM(4, seed=0), coupling.TabularLM(4, seed=1)
     >>> round(coupling.block_efficiency("block", target, draft, 3), 3)
     2.256
+    >>> tree = coupling.Tree.from_branching([2, 1])      # two i.i.d. first tokens, one more each
+    >>> round(coupling.block_efficiency("rrs", target, draft, tree=tree), 3)
+    2.077
     """
     return expected_accepted(rule, target, draft, gamma, k=k, replacement=replacement,
-                             context=context) + 1
+                             tree=tree, context=context) + 1
 
 
 def constant_acceptance_efficiency(alpha, gamma: int):
@@ -153,18 +178,19 @@ def target_law(target: LanguageModel, length: int, *, context: Sequence[int] = (
     return out
 
 
-def stream_law(rule: str | Rule, target: LanguageModel, draft: LanguageModel, gamma: int,
-               length: int, *, k: int = 1, replacement: bool = True,
-               context: Sequence[int] = ()) -> np.ndarray:
+def stream_law(rule: str | Rule, target: LanguageModel, draft: LanguageModel,
+               gamma: int | None, length: int, *, k: int = 1, replacement: bool = True,
+               tree: Tree | None = None, context: Sequence[int] = ()) -> np.ndarray:
     r"""Exact law of the first ``length`` generated tokens when iterating ``rule``.
 
     From each generated prefix shorter than ``length`` it enumerates every outcome of one call,
     merging outcomes by prefix (the models depend on the context only), until every branch has
     at least ``length`` tokens. Returns a ``V**length`` array in lexicographic order; lossless
-    means it equals :func:`target_law`.
+    means it equals :func:`target_law`. ``gamma=None, tree=...`` iterates a draft tree of any
+    shape.
     """
-    r, k, replacement = _rule(rule, k, replacement)
-    gamma = check_length(gamma)
+    r = get_rule(rule, controls=True)
+    tree = _tree(gamma, k, replacement, tree)
     length = check_length(length, "length")
     T, D, ctx = check_models(target, draft, context)
     V = T(ctx).size
@@ -175,7 +201,7 @@ def stream_law(rule: str | Rule, target: LanguageModel, draft: LanguageModel, ga
     while frontier:
         pre = min(frontier, key=len)  # shortest first: every merge into it has already happened
         mass = frontier.pop(pre)
-        for emitted, _, prob in r.outcomes(T, D, gamma, ctx + pre, k=k, replacement=replacement):
+        for emitted, _, prob in tree_outcomes(r, T, D, tree, ctx + pre):
             new = (pre + emitted)[:length]
             bucket = done if len(new) == length else frontier
             bucket[new] = bucket.get(new, 0 * one) + mass * prob

@@ -62,6 +62,8 @@ import scipy.sparse as sp
 from ..dist import validate_k, validate_replacement
 from ..lm import LanguageModel, ModelCache, check_length, check_models, path_laws
 from ..lp.solvers import TOLERANCES, certified_lp
+from ..tree import Tree
+from .topology import drafted_tries
 
 __all__ = ["TreeVerifierLP", "tree_verifier_lp", "full_information_tree_accepted",
            "path_selection_lp", "selection_model", "MAX_LP_VARIABLES"]
@@ -179,20 +181,35 @@ def _lossless_rows(T: ModelCache, ctx, V: int, gamma: int, u_index: dict, row0: 
     return rows, cols, vals, [v / total for v in b]
 
 
-def tree_verifier_lp(target: LanguageModel, draft: LanguageModel, gamma: int, k: int, *,
-                     replacement: bool = True, context: Sequence[int] = ()) -> TreeVerifierLP:
+def tree_verifier_lp(target: LanguageModel, draft: LanguageModel, gamma: int | None = None,
+                     k: int | None = None, *, replacement: bool = True, tree: Tree | None = None,
+                     context: Sequence[int] = ()) -> TreeVerifierLP:
     """Build the LP over every lossless verifier of a ``k``-path draft tree that knows both
-    models (module doc); tiny ``V``, ``gamma``, ``k`` only (:data:`MAX_LP_VARIABLES`)."""
-    T, chains, V, gamma, k, replacement, ctx = _setup(target, draft, gamma, k, replacement,
-                                                      context)
+    models (module doc), or of a draft tree of any shape (``tree=``: the verifier sees the
+    drafted prefixes, :func:`coupling.sequence.topology.drafted_tries`); tiny ``V``, ``gamma``,
+    ``k`` only (:data:`MAX_LP_VARIABLES`)."""
+    if tree is None:
+        T, chains, V, gamma, k, replacement, ctx = _setup(target, draft, gamma,
+                                                          1 if k is None else k, replacement,
+                                                          context)
+        trees = [({x[:i] for x in paths for i in range(gamma + 1)}, pr)
+                 for paths, pr in _trees(chains, k, replacement)]
+    else:
+        if gamma is not None or k is not None or replacement is not True:
+            raise ValueError("tree= fixes the draft length, the branches and how they are "
+                             "drawn; leave gamma, k and replacement out")
+        T, D, ctx = check_models(target, draft, context)
+        V, gamma = T(ctx).size, tree.depth
+        _check_size((gamma + 1) * math.log(V), V, gamma, tree.size)
+        trees = list(drafted_tries(T, D, tree, ctx).items())
+        _check_size(math.log(sum(len(nodes) for nodes, _ in trees) * V), V, gamma, tree.size)
     strings = _strings(V, gamma)
     u_index = {u: i for i, u in enumerate(strings)}
-    trees = list(_trees(chains, k, replacement))
     total = math.fsum(pr for _, pr in trees)
     rows, cols, vals, b = [], [], [], []
     n_z, link = 0, len(trees)
-    for r, (paths, pr) in enumerate(trees):
-        for e in sorted({x[:i] for x in paths for i in range(gamma + 1)}):
+    for r, (nodes, pr) in enumerate(trees):
+        for e in sorted(nodes):
             for y in range(V):
                 rows += [r, link + u_index[e + (y,)]]
                 cols += [n_z, n_z]
@@ -210,14 +227,15 @@ def tree_verifier_lp(target: LanguageModel, draft: LanguageModel, gamma: int, k:
     return TreeVerifierLP(A, np.array(b + lb), c, strings, len(trees))
 
 
-def full_information_tree_accepted(target: LanguageModel, draft: LanguageModel, gamma: int,
-                                   k: int, *, replacement: bool = True,
+def full_information_tree_accepted(target: LanguageModel, draft: LanguageModel,
+                                   gamma: int | None = None, k: int | None = None, *,
+                                   replacement: bool = True, tree: Tree | None = None,
                                    context: Sequence[int] = ()) -> float:
-    r"""Best :math:`E[\tau]` of any lossless verifier of ``k`` drafted paths that knows both
-    models completely: the optimum of :func:`tree_verifier_lp` (checked, or
-    :class:`coupling.SolverError`). For ``k = 1`` it is :func:`coupling.full_information_accepted`,
-    block verification's value."""
-    return tree_verifier_lp(target, draft, gamma, k, replacement=replacement,
+    r"""Best :math:`E[\tau]` of any lossless verifier of ``k`` drafted paths, or of a draft tree
+    of any shape (``tree=``), that knows both models completely: the optimum of
+    :func:`tree_verifier_lp` (checked, or :class:`coupling.SolverError`). For ``k = 1`` it is
+    :func:`coupling.full_information_accepted`, block verification's value."""
+    return tree_verifier_lp(target, draft, gamma, k, replacement=replacement, tree=tree,
                             context=context).solve()[0]
 
 

@@ -147,6 +147,7 @@ class Greedy(Rule):
     title = "greedy drafts (top k-1 tokens + one sample) with their optimal verifier"
     reference = "Hu et al., ICLR 2025 (arXiv 2502.18779)"
     draft_laws = (False,)
+    own_draft_law = True
     bound_text = ">= 1 - TV; = OPT of the greedy draft law (Hu et al. 2025)"
 
     def _draft_law(self, q, k, replacement):

@@ -189,6 +189,7 @@ class SpecHub(Rule):
     reference = "Sun, Zhou, Chen, Sun, EMNLP 2024 (arXiv 2411.05289)"
     max_drafts = 2
     draft_laws = (False,)
+    own_draft_law = True
     bound_text = ">= 1 - TV; = OPT of the hub draft law (= the greedy law at k = 2)"
 
     def _draft_law(self, q, k, replacement):
