@@ -66,7 +66,7 @@ def main() -> None:
                 mean = {k: float(np.mean([v[k] for v in vals])) for k in vals[0]}
                 print(f"{label:<14}" + "".join(f"{mean[c]:>10.4f}" for c in (*RULE_NAMES, "LP")))
     print(f"\nrules: {', '.join(f'{n} ({RULES[n].title})' for n in RULE_NAMES)}; "
-          "nan: the rule cannot verify that tree (coupling.sequence.topology.check_tree_rule)")
+          "nan: the rule cannot verify that tree (coupling.rules.topology.check_tree_rule)")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@
   rule that can verify them; a lossy rule fails the same check;
 * the exact accepted length agrees with an independent sampler of the same walk (5 sigma);
 * no rule beats the tree LP's optimum on the same tree, and the LP of a tree of chains is the
-  k-path LP.
+  k-path LP;
+* the batched twins on a topology (``coupling.verify(..., tree=)``) decide as the numpy walk on
+  the same keyed numbers, as the chain twins on a tree of chains, and sample the walk's law.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from hypothesis import strategies as st
 import coupling
 from coupling import RULES, TabularLM, Tree
 from coupling.lm import check_models
-from coupling.sequence.topology import check_tree_rule, topology_outcomes, tree_outcomes
+from coupling.rules.topology import check_tree_rule
+from coupling.sequence.topology import topology_outcomes, tree_outcomes
 from coupling.sequence.tree_lp import full_information_tree_accepted
 
 #: the lossless rules that verify a topology node by node
@@ -232,3 +235,110 @@ def test_no_rule_beats_the_tree_lp_and_chains_keep_their_lp():
             except ValueError:
                 continue
             assert value <= best + 1e-7, (name, tree)
+
+
+# ----------------------------------------------------------------------------- the twins
+def _tree_inputs(tree: Tree, V: int, B: int, rng: np.random.Generator):
+    """``B`` requests: Dirichlet laws at every row and drafts drawn as the tree says."""
+    P = rng.dirichlet(np.full(V, 0.4), size=(B, tree.size + 1))
+    Q = 0.5 * P + 0.5 * rng.dirichlet(np.full(V, 0.4), size=(B, tree.size + 1))
+    X = np.zeros((B, tree.size), dtype=np.int64)
+    for b in range(B):
+        for n in range(tree.size):
+            a = tree.parent[n]
+            q = Q[b, a + 1].copy()
+            sib = [X[b, m] for m in tree.kids[a] if m < n]
+            if tree.children == "topk":
+                X[b, n] = np.argsort(-q, kind="stable")[len(sib)]
+                continue
+            if tree.children == "distinct":
+                q[sib] = 0.0
+            X[b, n] = rng.choice(V, p=q / q.sum())
+    return X, P, Q
+
+
+TWIN_CASES = [("rrs", Tree.from_branching([2, 2])), ("rrs", Tree.named("medusa", size=8,
+                                                                           children="distinct")),
+              ("kseq", Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])),
+              ("optimal", Tree.from_branching([3, 1])), ("is", Tree.from_branching([2, 2])),
+              ("strict", Tree.named("medusa", size=8)), ("typical", Tree.from_branching([2, 2]))]
+
+
+@pytest.mark.parametrize("name, tree", TWIN_CASES)
+def test_the_twin_on_a_topology_decides_as_the_numpy_walk(name, tree):
+    """Keyed numbers, 40 requests in one batch: each verdict is the numpy walk's
+    (:func:`coupling.rules.topology.walk_topology`) on ``tree_uniforms``; alone, a request
+    gets its verdict in the batch; some walks go two nodes deep."""
+    import torch
+
+    from coupling.rules.topology import tree_uniforms, walk_topology
+
+    rule, rng = RULES[name], np.random.default_rng(5)
+    X, P, Q = _tree_inputs(tree, 3, 40, rng)
+    seeds, pos = torch.arange(40) * 11, torch.arange(40) * 3
+    v = coupling.verify(name, torch.tensor(X), torch.tensor(P), torch.tensor(Q), tree=tree,
+                        seeds=seeds, positions=pos)
+    deep = 0
+    for b in range(40):
+        coins, u = tree_uniforms(rule, int(seeds[b]), int(pos[b]), tree)
+        tau, node, y = walk_topology(rule, tree, X[b], P[b], Q[b], coins, u)
+        assert (int(v.accepted[b]), int(v.branch[b]), int(v.next_token[b])) == (tau, node, y)
+        deep += tau >= 2
+    assert deep >= 2
+    one = coupling.verify(name, torch.tensor(X[7:8]), torch.tensor(P[7:8]),
+                          torch.tensor(Q[7:8]), tree=tree, seeds=seeds[7:8], positions=pos[7:8])
+    assert torch.equal(one.tokens[0], v.tokens[7])
+
+
+@pytest.mark.parametrize("name, k, gamma, replacement", [("rrs", 3, 2, True),
+                                                         ("optimal", 2, 2, False),
+                                                         ("kseq", 2, 3, True),
+                                                         ("strict", 2, 2, True)])
+def test_the_twin_on_chains_is_the_chain_twin(name, k, gamma, replacement):
+    """On ``Tree.from_chains(k, gamma)`` the topology twin draws the chain layout's numbers and
+    makes the chain twin's decisions, request for request."""
+    import torch
+
+    tree = Tree.from_chains(k, gamma, replacement=replacement)
+    X, P, Q = _tree_inputs(tree, 4, 60, np.random.default_rng(9))
+    # node j + i k is branch j's token i; its laws are row 1 + (j + (i - 1) k), the root's 0
+    rows = [[0] + [1 + j + (i - 1) * k for i in range(1, gamma + 1)] for j in range(k)]
+    Xc = X.reshape(60, gamma, k).transpose(0, 2, 1)
+    Pc, Qc = P[:, rows], Q[:, [r[:gamma] for r in rows]]
+    seeds = torch.arange(60)
+    a = coupling.verify(name, torch.tensor(Xc.copy()), torch.tensor(Pc), torch.tensor(Qc),
+                        seeds=seeds, positions=5, replacement=replacement)
+    b = coupling.verify(name, torch.tensor(X), torch.tensor(P), torch.tensor(Q), tree=tree,
+                        seeds=seeds, positions=5)
+    assert torch.equal(a.accepted, b.accepted) and torch.equal(a.next_token, b.next_token)
+    assert torch.equal(a.tokens, b.tokens)
+
+
+def test_the_twin_samples_the_numpy_walks_law_on_a_topology():
+    """One drafted tree verified under 40k keyed seeds: the emitted outcomes (accepted length,
+    next token) have the law of the numpy walk fed numpy's uniforms, 160k walks (a two-sample
+    chi-square test at 1e-4): the keyed numbers are uniforms to the walk."""
+    import torch
+    from scipy import stats
+
+    tree, name, n = Tree.from_branching([2, 2]), "rrs", 40_000
+    X, P, Q = _tree_inputs(tree, 3, 1, np.random.default_rng(2))
+    rep = lambda a: torch.tensor(np.repeat(a, n, axis=0))  # noqa: E731
+    v = coupling.verify(name, rep(X), rep(P), rep(Q), tree=tree, seeds=torch.arange(n),
+                        positions=0)
+    got = np.unique(np.stack([v.accepted.numpy(), v.next_token.numpy()], 1), axis=0,
+                    return_counts=True)
+    # the reference: the numpy walk with numpy-generated uniforms, many more draws
+    from coupling.rules.topology import walk_topology
+
+    rng, ref = np.random.default_rng(0), {}
+    for _ in range(4 * n):
+        tau, _, y = walk_topology(RULES[name], tree, X[0], P[0], Q[0], rng.random(tree.size),
+                                  rng.random(tree.depth + 1))
+        ref[(tau, y)] = ref.get((tau, y), 0) + 1
+    keys = sorted(set(ref) | {tuple(k) for k in got[0].tolist()})
+    obs = np.array([dict(zip(map(tuple, got[0].tolist()), got[1], strict=True)).get(k, 0)
+                    for k in keys], dtype=float)
+    exp = np.array([ref.get(k, 0) for k in keys], dtype=float)
+    table = np.stack([obs, exp])
+    assert stats.chi2_contingency(table[:, table.sum(0) > 0])[1] > 1e-4

@@ -38,6 +38,7 @@ must flag.
 
 from __future__ import annotations
 
+from ..tree import Tree
 from .base import Rule
 from .block import PLAIN_RESIDUAL
 from .block import RULE as BLOCK
@@ -57,6 +58,7 @@ from .spechub import RULE as SPECHUB
 from .strict import RULE as STRICT
 from .token import NO_RESIDUAL
 from .token import RULE as TOKEN
+from .topology import check_tree_rule
 from .traversal import RULE as TRAVERSAL
 from .traversal import TraversalControl
 from .typical import RULE as TYPICAL
@@ -87,14 +89,17 @@ def verifiers() -> tuple[str, ...]:
     return tuple(name for name, rule in RULES.items() if rule.twin)
 
 
-def verify(rule: str | Rule, drafts, p, q, **kwargs):
+def verify(rule: str | Rule, drafts, p, q, *, tree: Tree | None = None, **kwargs):
     """Verify ``B`` requests' draft trees with ``rule``'s batched torch twin.
 
     ``drafts [B, k, gamma]``, ``p [B, k, gamma + 1, V]``, ``q [B, k, gamma, V]``
-    (:mod:`coupling.torch_backend` has the glossary); ``rule`` is a name of :data:`RULES` or a
-    rule (``ValueError`` naming the known rules otherwise); ``kwargs`` are the twin's
-    (``seeds``, ``positions``, ``replacement``, ``validate``, ...). Torch is imported with
-    the twin, on first use.
+    (:mod:`coupling.torch_backend` has the glossary); or, with ``tree=`` a
+    :class:`coupling.Tree` of ``N`` nodes, ``drafts [B, N]`` in node order and ``p``, ``q``
+    ``[B, N + 1, V]`` (row 0 the root's laws, row ``1 + n`` those after node ``n``;
+    :mod:`coupling.rules.topology`), verified node by node by the rule's kernel. ``rule`` is a
+    name of :data:`RULES` or a rule (``ValueError`` naming the known rules otherwise);
+    ``kwargs`` are the twin's (``seeds``, ``positions``, ``replacement``, ``validate``, ...).
+    Torch is imported with the twin, on first use.
 
     >>> import torch, coupling
     >>> p = torch.tensor([[[[0.5, 0.5], [0.5, 0.5]]]])       # [B=1, k=1, gamma+1=2, V=2]
@@ -102,8 +107,24 @@ def verify(rule: str | Rule, drafts, p, q, **kwargs):
     >>> v = coupling.verify("block", torch.tensor([[[1]]]), p, q, seeds=0, positions=0)
     >>> int(v.accepted[0])                                   # p == q: always accepted
     1
+    >>> tree = coupling.Tree.from_branching([2, 1])          # 4 nodes: two chains of two
+    >>> v = coupling.verify("rrs", torch.tensor([[0, 1, 1, 0]]), torch.full((1, 5, 2), 0.5),
+    ...                     torch.full((1, 5, 2), 0.5), tree=tree, seeds=0, positions=0)
+    >>> int(v.accepted[0])                                   # p == q: a whole path accepted
+    2
     """
-    return get_rule(rule).torch.verify(drafts, p, q, **kwargs)
+    r = get_rule(rule)
+    if tree is None:
+        return r.torch.verify(drafts, p, q, **kwargs)
+    check_tree_rule(r, tree)
+    # the walk on a topology is torch code: imported with the twin, so the core needs no torch
+    from ..torch_backend.topology import verify_topology
+
+    if "replacement" in kwargs:
+        raise ValueError("tree= says how the children were drafted (Tree.children); leave "
+                         "replacement out")
+    return verify_topology(r.torch.make_step, tree, drafts, p, q,
+                           draws_by_position=r.draws_by_position, **kwargs)
 
 
 __all__ = ["RULES", "NEGATIVE_CONTROLS", "Rule", "get_rule", "verify", "verifiers"]

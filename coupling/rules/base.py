@@ -112,6 +112,10 @@ class Rule:
     #: whether its drafts follow a law of its own (:meth:`draft_law`: ``greedy``'s likeliest
     #: tokens, ``spechub``'s hub pair) rather than i.i.d. or successive draws from ``q``
     own_draft_law: ClassVar[bool] = False
+    #: whether the draw of the token emitted at offset ``i`` is keyed by that token's absolute
+    #: position, ``U(seed, t + i, STREAM_SAMPLE, 0)`` (the target sampling alone, as a
+    #: drafter-invariant rule needs), rather than ``U(seed, t, STREAM_SAMPLE, i)``
+    draws_by_position: ClassVar[bool] = False
     #: whether it still means something under greedy decoding (``do_sample=False``): with one
     #: branch and point-mass laws it accepts a draft iff it is the target's argmax, which is
     #: greedy decoding token for token (rules that couple *sampled* drafts do not)

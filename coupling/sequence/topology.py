@@ -44,55 +44,14 @@ import numpy as np
 
 from ..dist import num_tuples
 from ..rules import Rule
+from ..rules.topology import check_tree_rule
 from ..tree import Tree
 
-__all__ = ["tree_outcomes", "topology_outcomes", "check_tree_rule", "drafted_tries",
-           "MAX_NODE_TUPLES", "MAX_FILLINGS"]
+__all__ = ["tree_outcomes", "topology_outcomes", "drafted_tries", "MAX_NODE_TUPLES",
+           "MAX_FILLINGS"]
 
 #: Largest number of draft tuples (``V^m``) the enumeration reads at one node.
 MAX_NODE_TUPLES = 200_000
-
-
-def check_tree_rule(rule: Rule, tree: Tree) -> None:
-    """``ValueError`` unless ``rule`` verifies ``tree`` losslessly by the walk (module doc)."""
-    if not isinstance(tree, Tree):
-        raise TypeError(f"tree must be a coupling.Tree, got {type(tree).__name__}")
-    chains = tree.chains()
-    if chains is not None:
-        rule.require(chains[0], chains[2])
-        return
-    why = None
-    if rule.unit != "token":
-        why = "it judges k paths of equal length as a whole; give it Tree.from_chains(k, gamma)"
-    elif rule.shared_noise:
-        why = ("its drafter draws keyed noise columns along k chains, which a static topology "
-               "would reuse; give it Tree.from_chains(k, gamma)")
-    elif tree.children == "topk" and not rule.drafter_invariant:
-        why = ("top-k children are no draws from q, and only a drafter-invariant rule (such as "
-               "'strict') is lossless on drafts it did not draw; use children='iid' or 'distinct'")
-    elif tree.children != "topk" and rule.own_draft_law:
-        why = "it verifies drafts of its own law, not i.i.d. or successive draws from q"
-    else:
-        widest = max(len(c) for c in tree.kids)
-        if tree.children == "distinct" and not rule.supports(widest, False):
-            why = rule.support_text
-        elif tree.children == "iid" and not rule.supports(_widest_merge(tree), True):
-            why = rule.support_text
-        elif rule.max_drafts is not None and widest > rule.max_drafts \
-                and tree.children != "topk":
-            why = rule.support_text
-    if why is not None:
-        raise ValueError(f"rule {rule.name!r} cannot verify this {tree.size}-node tree: {why}")
-
-
-def _widest_merge(tree: Tree) -> int:
-    """The most drafts one step can see with i.i.d. children: the children of every node at
-    one depth (all siblings may coincide)."""
-    by_depth: dict[int, int] = {}
-    for n in range(tree.size):
-        d = tree.depth_of(n)
-        by_depth[d] = by_depth.get(d, 0) + 1
-    return max(by_depth.values())
 
 
 def tree_outcomes(rule: Rule, target: Callable, draft: Callable, tree: Tree,

@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 
 from ...torch_backend.common import Verdict, check_inputs, sample_rows
-from ...torch_backend.tree import first_true, verify_tree
+from ...torch_backend.tree import StepFn, first_true, verify_tree
 from . import RULE
 
-__all__ = ["verify", "step", "check_greedy_roots", "draft_roots"]
+__all__ = ["verify", "step", "check_greedy_roots", "draft_roots", "make_step"]
 
 
 def step(p_i, q_i, x, alive, coins, u, i, act):
@@ -39,6 +39,12 @@ def step(p_i, q_i, x, alive, coins, u, i, act):
     empty = res.sum(-1) <= 0                  # p == g: a rejection has probability 0
     return torch.where(accept | empty, xs, sample_rows(res, u, fallback=p))
 
+
+
+def make_step(replacement: bool = True) -> StepFn:
+    """The walk's kernel (:data:`coupling.torch_backend.tree.StepFn`): :func:`step`, whatever
+    the draft law."""
+    return step
 
 def draft_roots(q: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """The greedy drafts of each row of ``q [B, V]`` with the uniforms ``u [B, k]``, int64

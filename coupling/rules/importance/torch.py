@@ -84,7 +84,7 @@ def _numpy_rows(p, q, x, alive, coins, u, selection: str) -> torch.Tensor:
     return torch.tensor(out, dtype=torch.int64, device=x.device)
 
 
-def make_step(selection: str) -> StepFn:
+def make_step(replacement: bool = True, selection: str = "weighted") -> StepFn:
     """The single-step rule on the unfinished rows (:data:`coupling.torch_backend.tree.StepFn`)."""
 
     def step(p_i, q_i, x, alive, coins, u, i, act):
@@ -119,6 +119,6 @@ def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
         raise ValueError(f"selection must be one of {SELECTIONS}, got {selection!r}")
     if not replacement:
         raise ValueError("is selects among i.i.d. drafts; use replacement=True")
-    return verify_tree(make_step(selection), drafts, p, q, seeds, positions, replacement=True,
+    return verify_tree(make_step(True, selection), drafts, p, q, seeds, positions, replacement=True,
                        validate=validate, atol=atol, accept_u=accept_u, sample_u=sample_u,
                        rule="is")

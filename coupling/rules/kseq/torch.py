@@ -12,11 +12,11 @@ from __future__ import annotations
 import torch
 
 from ...torch_backend.common import Verdict, sample_rows
-from ...torch_backend.tree import first_true, verify_tree
+from ...torch_backend.tree import StepFn, first_true, verify_tree
 from . import RESIDUAL_ULPS
 from . import rho as rho_np
 
-__all__ = ["verify", "step", "kseq_rho"]
+__all__ = ["verify", "step", "kseq_rho", "make_step"]
 
 
 def kseq_rho(p: torch.Tensor, q: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
@@ -74,6 +74,12 @@ def step(p_i, q_i, x, alive, coins, u, i, act):
         r = torch.where(beta > 0, r, p64)
     return y.index_put((rows,), sample_rows(r, u[rows], fallback=p64))
 
+
+
+def make_step(replacement: bool = True) -> StepFn:
+    """The walk's kernel (:data:`coupling.torch_backend.tree.StepFn`): :func:`step`, whatever
+    the draft law."""
+    return step
 
 def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
            seeds: torch.Tensor | int, positions: torch.Tensor | int,

@@ -13,9 +13,9 @@ import torch
 
 from ...torch_backend.common import Verdict, sample_rows
 from ...torch_backend.laws import by_row_chunks
-from ...torch_backend.tree import first_true, verify_tree
+from ...torch_backend.tree import StepFn, first_true, verify_tree
 
-__all__ = ["verify", "step"]
+__all__ = ["verify", "step", "make_step"]
 
 
 def step(p_i, q_i, x, alive, coins, u, i, act):
@@ -24,6 +24,12 @@ def step(p_i, q_i, x, alive, coins, u, i, act):
     # the dart law's float64 temporaries, a chunk of rows at a time
     return by_row_chunks(_dart_draw, p_i.shape[-1], p_i, q_i, xs, u)
 
+
+
+def make_step(replacement: bool = True) -> StepFn:
+    """The walk's kernel (:data:`coupling.torch_backend.tree.StepFn`): :func:`step`, whatever
+    the draft law."""
+    return step
 
 def _dart_draw(p_i, q_i, xs, u):
     p, q = p_i.to(torch.float64), q_i.to(torch.float64)

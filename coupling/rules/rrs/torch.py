@@ -72,7 +72,7 @@ def judge(r: torch.Tensor, qc: torch.Tensor, x: torch.Tensor, alive: torch.Tenso
     return y.index_put((rest,), sample_rows(r.index_select(0, rest), u[rest]))
 
 
-def make_step(replacement: bool) -> StepFn:
+def make_step(replacement: bool = True) -> StepFn:
     """The single-step rule on the unfinished rows (:data:`coupling.torch_backend.tree.StepFn`),
     on the walk's own float64 rows of the normalised laws, which it rewrites in place."""
 

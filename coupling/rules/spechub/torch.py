@@ -15,11 +15,11 @@ import torch
 
 from ...torch_backend.common import Verdict, check_inputs, sample_rows
 from ...torch_backend.laws import by_row_chunks
-from ...torch_backend.tree import verify_tree
+from ...torch_backend.tree import StepFn, verify_tree
 from ..rrs.torch import judge
 from . import RULE
 
-__all__ = ["verify", "step", "check_hub_roots", "draft_roots"]
+__all__ = ["verify", "step", "check_hub_roots", "draft_roots", "make_step"]
 
 
 def _hub_pair(p, q, x, alive, coins, u):
@@ -64,6 +64,12 @@ def step(p_i, q_i, x, alive, coins, u, i, act):
     more than a chunk."""
     return by_row_chunks(_step_rows, p_i.shape[-1], p_i, q_i, x, alive, coins, u)
 
+
+
+def make_step(replacement: bool = True) -> StepFn:
+    """The walk's kernel (:data:`coupling.torch_backend.tree.StepFn`): :func:`step`, whatever
+    the draft law."""
+    return step
 
 def _step_rows(p_i, q_i, x, alive, coins, u):
     p, q = p_i.to(torch.float64), q_i.to(torch.float64)

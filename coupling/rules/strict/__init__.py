@@ -89,6 +89,7 @@ class Strict(Rule):
 
     name = "strict"
     twin = "coupling.rules.strict.torch"
+    draws_by_position = True
     title = "exact-match verification (drafter-invariant)"
     reference = "the exact-match check of serving engines; closed form derived here"
     drafter_invariant = True

@@ -17,9 +17,9 @@ import torch
 from ...keyed import STREAM_SAMPLE
 from ...torch_backend.common import Verdict, check_inputs, sample_rows
 from ...torch_backend.rng import keyed_uniforms
-from ...torch_backend.tree import verify_tree
+from ...torch_backend.tree import StepFn, verify_tree
 
-__all__ = ["verify", "step", "target_uniforms"]
+__all__ = ["verify", "step", "target_uniforms", "make_step"]
 
 
 def target_uniforms(seeds: torch.Tensor, positions: torch.Tensor, gamma: int) -> torch.Tensor:
@@ -32,6 +32,12 @@ def step(p_i, q_i, x, alive, coins, u, i, act):
     """The single-step rule (:data:`coupling.torch_backend.tree.StepFn`): the target's token."""
     return sample_rows(p_i, u)
 
+
+
+def make_step(replacement: bool = True) -> StepFn:
+    """The walk's kernel (:data:`coupling.torch_backend.tree.StepFn`): :func:`step`, whatever
+    the draft law."""
+    return step
 
 def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
            seeds: torch.Tensor | int, positions: torch.Tensor | int,

@@ -66,7 +66,7 @@ def parts(rule: Typical) -> Parts:
     return fn
 
 
-def make_step(rule: Typical = RULE) -> StepFn:
+def make_step(replacement: bool = True, rule: Typical = RULE) -> StepFn:
     """The single-step rule (:data:`coupling.torch_backend.tree.StepFn`) of ``rule``."""
     return accept_set_step(parts(rule))
 
@@ -78,6 +78,7 @@ def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
            atol: float | None = None, rule: Typical = RULE) -> Verdict:
     """Typical acceptance over draft trees, batched (arguments as
     :func:`coupling.rules.rrs.torch.verify`; ``rule`` carries the parameters)."""
-    return verify_tree(make_step(rule), drafts, p, q, seeds, positions, replacement=replacement,
+    return verify_tree(make_step(rule=rule), drafts, p, q, seeds, positions,
+                       replacement=replacement,
                        validate=validate, atol=atol, accept_u=accept_u, sample_u=sample_u,
                        rule="typical")
