@@ -71,9 +71,9 @@ def test_step_beta_block_weights_and_token_alpha():
     assert w == pytest.approx([0.5, 1.0])  # w1 = min(.25/.5, 1); w2 = min(.5 * .6/.2, 1)
     a = P.step_beta("token", drafts, q, p, 0, 1)
     assert a == pytest.approx([0.5, 0.4])
-    assert P.conditional_token(drafts, q, p, 0) == pytest.approx(1 + 0.5 + 0.5)
+    assert P.conditional("token", drafts, q, p, 0) == pytest.approx(1 + 0.5 + 0.5)
     # exact from the block path law: w_gamma = 1 accepts the whole block on these drafts
-    assert P.conditional_block(drafts, q, p, 0) == pytest.approx(3.0)
+    assert P.conditional("block", drafts, q, p, 0) == pytest.approx(3.0)
 
 
 def _predict_step():
@@ -131,7 +131,7 @@ def test_block_on_the_same_drafts_never_below_token_over_the_draft_law(seed, g, 
     for path in itertools.product(range(V), repeat=g):
         drafts = torch.tensor([path])
         weight = float(q[0, torch.arange(g), drafts[0]].prod())
-        t, b = P.conditional_token(drafts, q, p, 0), P.conditional_block(drafts, q, p, 0)
+        t, b = P.conditional("token", drafts, q, p, 0), P.conditional("block", drafts, q, p, 0)
         e = 1 + sum(P.step_beta("block", drafts, q, p, 0, 1))
         assert 1.0 <= t <= e + 1e-12 <= g + 1 + 1e-12
         assert 1.0 - 1e-12 <= b <= g + 1 + 1e-12

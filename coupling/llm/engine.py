@@ -234,8 +234,8 @@ def plain_step(tlm: CachedLM, seq: list[int], run: Run,
     tlm.expand(1)
     p = probs(tlm.forward(torch.tensor([feed], device=tlm.device))[:, -1], run.cfg)   # [1, V]
     tok = rules_adapter.sample_target(run.rule, p, run.seed, len(seq), gen)
-    # exact conditionals exist for token and block only (see coupling.llm.predict)
-    exact = 1.0 if run.rule in ("token", "block") else float("nan")
+    # exact conditionals exist for the rules with a path law (see coupling.llm.predict)
+    exact = 1.0 if rules_adapter.has_path_law(run.rule) else float("nan")
     return [tok], StepRecord(0, 0, 0, predicted=1.0, conditional=exact, block_on_drafts=exact)
 
 
@@ -256,10 +256,9 @@ def analyse(rec: StepRecord, run: Run, drafts: torch.Tensor, q: torch.Tensor,
     if run.rule in MULTI_DRAFT_RULES:
         rec.optimal_predicted = P.optimal_block_efficiency(run.rule, rec, drafts, q, p, c,
                                                            run.replacement)
-    if run.rule in ("token", "block"):
-        rec.block_on_drafts = P.conditional_block(drafts, q, p, c)
-        rec.conditional = rec.block_on_drafts if run.rule == "block" \
-            else P.conditional_token(drafts, q, p, c)
+    if rules_adapter.has_path_law(run.rule):
+        rec.block_on_drafts = P.conditional("block", drafts, q, p, c)
+        rec.conditional = P.conditional(run.rule, drafts, q, p, c)
 
 
 def step(tlm: CachedLM, drafter: Drafter | None, seq: list[int], budget: int, run: Run,

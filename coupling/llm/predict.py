@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from coupling.rules import RULES
 from coupling.sequence import predict as core
 
 from .rules_adapter import PLAIN, check_rule
@@ -59,8 +60,6 @@ def step_beta(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
 
 def predicted_block_efficiency(rule: str, beta: list[float]) -> float:
     """The step's predicted tokens per target call from :func:`step_beta`'s output."""
-    from coupling.rules import RULES
-
     _check(rule)
     return RULES[rule].expected_tokens(beta)
 
@@ -69,18 +68,14 @@ def optimal_block_efficiency(rule: str, rec, drafts: torch.Tensor, q: torch.Tens
                              p: torch.Tensor, branch: int, replacement: bool = True) -> float:
     """Tokens per call the LP-optimal verifier of the rule's draft law predicts on the step."""
     _check(rule)
-    if rule == "optimal":
+    if RULES[rule].attains_optimum:      # the rule is the LP-optimal verifier of its law
         check_step(rule, drafts, q, p, branch)
         return rec.predicted
     return core.optimal_tokens(*_arrays(drafts, q, p), branch, replacement=replacement)
 
 
-def conditional_block(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, branch: int) -> float:
-    """E[accepted + 1 | drafts] for block verification on these drafts, exact from the block
-    rule's path law (:func:`coupling.sequence.predict.conditional_tokens`)."""
-    return core.conditional_tokens("block", *_arrays(drafts, q, p), branch)
-
-
-def conditional_token(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, branch: int) -> float:
-    """E[accepted + 1 | drafts] for token verification: 1 + sum_j prod_{i<=j} min(1, r_i)."""
-    return core.conditional_tokens("token", *_arrays(drafts, q, p), branch)
+def conditional(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                branch: int) -> float:
+    """E[accepted + 1 | drafts] for a rule with a path law (``rules_adapter.has_path_law``) on
+    these drafts, exact (:func:`coupling.sequence.predict.conditional_tokens`)."""
+    return core.conditional_tokens(rule, *_arrays(drafts, q, p), branch)

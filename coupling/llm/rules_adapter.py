@@ -93,7 +93,7 @@ def prepare(rule: str) -> None:
     """Import what a rule's rare paths need, before a run times anything: the optimal rules
     solve a part of their plan by POT's LP where its closed form fails (about 1 call in 100
     on real laws), and importing POT then would cost 0.4 s in the middle of a run."""
-    if rule == "optimal":
+    if rule != PLAIN and RULES[rule].solves_lp:
         import ot  # noqa: F401
 
 
@@ -254,6 +254,12 @@ def gumbel_draft(q: torch.Tensor, seed: int, position: int) -> torch.Tensor:
     """Drafter side of the Gumbel coupling: argmax(log q + G(seed, position)) per row of
     q [rows, V], every row keyed by the same (seed, position)."""
     return _gumbel_argmax(q, seed, position, "q")
+
+
+def has_path_law(rule: str) -> bool:
+    """Whether ``rule`` judges one chain with an exact law given the drafted path
+    (``rule.path_law``: ``token``, ``block``), so a step's E[tokens | drafts] is exact."""
+    return rule != PLAIN and callable(getattr(RULES[rule], "path_law", None))
 
 
 def shares_noise(rule: str) -> bool:

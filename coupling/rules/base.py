@@ -116,6 +116,12 @@ class Rule:
     #: position, ``U(seed, t + i, STREAM_SAMPLE, 0)`` (the target sampling alone, as a
     #: drafter-invariant rule needs), rather than ``U(seed, t, STREAM_SAMPLE, i)``
     draws_by_position: ClassVar[bool] = False
+    #: whether its acceptance at every node is the LP optimum of its own draft law (the
+    #: oracle of :meth:`optimum` has nothing left to gain on its drafts)
+    attains_optimum: ClassVar[bool] = False
+    #: whether its sampler may solve an LP with POT while it verifies (where a closed form of
+    #: the plan fails its check), so a timed run imports POT first
+    solves_lp: ClassVar[bool] = False
     #: whether it still means something under greedy decoding (``do_sample=False``): with one
     #: branch and point-mass laws it accepts a draft iff it is the target's argmax, which is
     #: greedy decoding token for token (rules that couple *sampled* drafts do not)

@@ -148,6 +148,7 @@ class Greedy(Rule):
     reference = "Hu et al., ICLR 2025 (arXiv 2502.18779)"
     draft_laws = (False,)
     own_draft_law = True
+    attains_optimum = True
     bound_text = ">= 1 - TV; = OPT of the greedy draft law (Hu et al. 2025)"
 
     def _draft_law(self, q, k, replacement):

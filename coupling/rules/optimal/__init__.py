@@ -244,6 +244,8 @@ class Optimal(Rule):
 
     name = "optimal"
     twin = "coupling.rules.optimal.torch"
+    attains_optimum = True
+    solves_lp = True
     title = "LP-optimal verification (min-cut value, plan or race through the cut)"
     reference = "Sun et al. 2023 (SpecTr, the LP); Hu et al., ICLR 2025 (the min-cut dual)"
     bound_text = "= OPT (LP optimum, min-cut prefix scan; Hu et al. 2025)"

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 
 from ...torch_backend.common import Verdict, check_inputs
+from ...torch_backend.rejection import judge
 from ...torch_backend.tree import StepFn, first_true, verify_tree
-from ..rrs.torch import judge
 from . import RULE, Optimal
 from . import verify as core_verify
 

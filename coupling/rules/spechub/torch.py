@@ -15,8 +15,8 @@ import torch
 
 from ...torch_backend.common import Verdict, check_inputs, sample_rows
 from ...torch_backend.laws import by_row_chunks
+from ...torch_backend.rejection import judge
 from ...torch_backend.tree import StepFn, verify_tree
-from ..rrs.torch import judge
 from . import RULE
 
 __all__ = ["verify", "step", "check_hub_roots", "draft_roots", "make_step"]
