@@ -42,8 +42,8 @@ def row(tree: Tree, t, d, lp: bool) -> dict[str, float]:
             out[name] = float(block_efficiency(name, t, d, tree=tree))
         except ValueError:
             out[name] = float("nan")
-    out["LP"] = float(full_information_tree_accepted(t, d, tree=tree)) + 1 if lp \
-        else float("nan")
+    if lp:
+        out["LP"] = float(full_information_tree_accepted(t, d, tree=tree)) + 1
     return out
 
 
@@ -52,19 +52,21 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=5, help="seeded model pairs to average over")
     args = ap.parse_args()
     for V, n, lp in ((3, 8, True), (2, 16, False)):
+        cols = (*RULE_NAMES, "LP") if lp else RULE_NAMES
         for children in ("iid", "topk"):
+            fit = {k: t for k, t in trees(n, children).items()
+                   if children != "topk" or max(len(c) for c in t.kids) <= V}
+            if not fit:      # top-k children need as many tokens as a node has children
+                continue
             print(f"\nV = {V}, {n}-node trees, {children} children: tokens per target call, "
                   f"mean over {args.pairs} pairs")
-            print(f"{'tree':<14}" + "".join(f"{c:>10}" for c in (*RULE_NAMES, "LP")))
-            for label, tree in trees(n, children).items():
-                if children == "topk" and max(len(c) for c in tree.kids) > V:
-                    continue
+            print(f"{'tree':<14}" + "".join(f"{c:>10}" for c in cols))
+            for label, tree in fit.items():
                 vals = [row(tree, TabularLM(V, order=1, seed=2 * s, concentration=0.6),
-                            TabularLM(V, order=1, seed=2 * s + 1, concentration=0.6),
-                            lp)
+                            TabularLM(V, order=1, seed=2 * s + 1, concentration=0.6), lp)
                         for s in range(args.pairs)]
-                mean = {k: float(np.mean([v[k] for v in vals])) for k in vals[0]}
-                print(f"{label:<14}" + "".join(f"{mean[c]:>10.4f}" for c in (*RULE_NAMES, "LP")))
+                mean = {k: float(np.mean([v[k] for v in vals])) for k in cols}
+                print(f"{label:<14}" + "".join(f"{mean[c]:>10.4f}" for c in cols))
     print(f"\nrules: {', '.join(f'{n} ({RULES[n].title})' for n in RULE_NAMES)}; "
           "nan: the rule cannot verify that tree (coupling.rules.topology.check_tree_rule)")
 

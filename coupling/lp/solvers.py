@@ -273,14 +273,17 @@ def highs_lp(c: np.ndarray, A_eq, b_eq: np.ndarray, *, method: str = "highs-ds",
 
 
 #: HiGHS solves :func:`certified_lp` tries in turn, ``(method, presolve, feasibility
-#: tolerance)``: presolve has called feasible equality LPs with path probabilities near 1e-17
-#: infeasible, and without it the same LPs solve and pass the certificate; a tree LP with
-#: drafted-tree masses near 1e-14 is called infeasible at 1e-10 by every method and solves,
-#: certified, at 1e-9 (``python benchmarks/bench_topology.py``, SpecInfer's 8-node tree).
+#: tolerance)``, every answer held to the same certificate: presolve has called feasible
+#: equality LPs with path probabilities near 1e-17 infeasible, and without it the same LPs
+#: solve; tree LPs with drafted-tree masses near 1e-13 are called infeasible at 1e-10 by every
+#: method and solve, certified, at 1e-9 (``python benchmarks/bench_topology.py``: SpecInfer's
+#: 8-node tree, with and without presolve depending on the pair).
 LP_ATTEMPTS = (("highs", True, TOLERANCES.highs_feasibility),
                ("highs-ds", False, TOLERANCES.highs_feasibility),
                ("highs-ipm", False, TOLERANCES.highs_feasibility),
-               ("highs", False, TOLERANCES.equality_lp))
+               ("highs", True, TOLERANCES.equality_lp),
+               ("highs", False, TOLERANCES.equality_lp),
+               ("highs-ipm", False, TOLERANCES.equality_lp))
 
 
 def lp_defects(A, b: np.ndarray, c: np.ndarray, x: np.ndarray, y: np.ndarray,
