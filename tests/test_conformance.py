@@ -197,8 +197,11 @@ def test_torch_adapter_validates_its_output():
         B = drafts.shape[0]
         return torch.full((B,), 9), torch.zeros(B, dtype=torch.int64), torch.zeros(B)
 
-    with pytest.raises(ValueError):
+    from coupling.conformance import VerifierRaised
+
+    with pytest.raises(VerifierRaised, match="next_token must be an integer tensor") as err:
         check_verifier(from_torch(bad), draws=10)
+    assert isinstance(err.value.__cause__, ValueError)   # its output was malformed: a failure
 
 
 @pytest.mark.slow

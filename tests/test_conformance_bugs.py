@@ -102,8 +102,13 @@ def test_transformers_bug_needs_zeros_in_q():
 
 
 def test_reproductions_verify_one_branch():
-    with pytest.raises(ValueError, match="k=1"):
+    """A reproduction refuses two branches; the check reports the refusal as the verifier's
+    own failure, with its message and the input it refused."""
+    from coupling.conformance import VerifierRaised
+
+    with pytest.raises(VerifierRaised, match="k=1") as err:
         check_verifier(REPRODUCTIONS["vllm_shared_noise"][0], k=2, exact=True)
+    assert isinstance(err.value.__cause__, ValueError) and err.value.drafts.shape == (2, 2)
 
 
 @pytest.mark.slow

@@ -51,3 +51,31 @@ def batched_token(drafts, p, q, generator):
 def test_bad_input_exits_2(argv, match, capsys):
     assert main(["conformance", *argv]) == 2
     assert match in capsys.readouterr().err
+
+
+RAISING_VERIFIER = '''
+import numpy as np
+
+
+def verify(drafts, p, q, rng):
+    x = int(drafts[0, 0])
+    if rng.random() * q[0, 0, x] < p[0, 0, x]:
+        return [x]
+    r = np.maximum(p[0, 0] - q[0, 0], 0)
+    return [int(rng.choice(len(r), p=r))]      # the unnormalised residual: numpy refuses it
+'''
+
+
+def test_a_verifier_that_raises_is_a_failure_with_its_input(tmp_path, monkeypatch, capsys):
+    """The user's module is imported from the current directory (no PYTHONPATH), and an
+    exception inside it is a FAIL (exit 1) with its traceback and the request it was given,
+    not an input error of the command (exit 2)."""
+    (tmp_path / "my_verifier.py").write_text(RAISING_VERIFIER)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("sys.path", [p for p in __import__("sys").path if p not in ("", ".")])
+    assert main(["conformance", "my_verifier:verify", "--gamma", "1", "--draws", "300",
+                 "--no-progress"]) == 1
+    err = capsys.readouterr().err
+    assert "my_verifier.py" in err and "Probabilities do not sum to 1" in err
+    assert "FAIL: the verifier raised ValueError" in err and "drafts [[" in err and "p [[[" in err
+    assert main(["conformance", "my_verifier:verify", "--gamma", "0"]) == 2   # still bad input

@@ -35,7 +35,7 @@ transformers) with exact laws, and their fixes.
 
 from .adapters import from_torch, hf_speculative_sampling, torch_rule
 from .bugs import REPRODUCTIONS
-from .check import DRAWS, ConformanceReport, PairResult, check_verifier
+from .check import DRAWS, ConformanceReport, PairResult, VerifierRaised, check_verifier
 from .pairs import PAIR_NAMES, Pair, model_pairs
 from .verifiers import chain_law, from_rule
 
@@ -43,6 +43,7 @@ __all__ = [
     "check_verifier",
     "ConformanceReport",
     "PairResult",
+    "VerifierRaised",
     "DRAWS",
     "from_rule",
     "from_torch",

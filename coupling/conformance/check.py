@@ -14,7 +14,34 @@ from .loop import Laws, exact_law, sample_counts
 from .pairs import Pair, as_pairs, model_pairs
 from .stats import MIN_EXPECTED, POWER, detectable_tv, likelihood_ratio, tv_interval
 
-__all__ = ["PairResult", "ConformanceReport", "check_verifier", "DRAWS", "MAX_STRINGS"]
+__all__ = ["PairResult", "ConformanceReport", "VerifierRaised", "check_verifier", "DRAWS",
+           "MAX_STRINGS"]
+
+
+class VerifierRaised(RuntimeError):
+    """The verifier under test raised on valid input, itself a conformance failure: the
+    original exception is the ``__cause__``; ``pair``, ``drafts``, ``p``, ``q`` are what it was
+    given (a batch of them for a batched verifier), enough to reproduce it."""
+
+    def __init__(self, exc: BaseException, pair: str, drafts, p, q):
+        self.pair, self.drafts, self.p, self.q = pair, drafts, p, q
+        laws = "" if np.ndim(drafts) > 2 else (
+            f", p {np.round(np.asarray(p, dtype=float), 4).tolist()}, "
+            f"q {np.round(np.asarray(q, dtype=float), 4).tolist()}")
+        super().__init__(f"the verifier raised {type(exc).__name__}: {exc} (on pair "
+                         f"{pair!r}: drafts {np.asarray(drafts).tolist()}{laws})")
+
+
+def _guarded(fn: Callable, pair: str) -> Callable:
+    """``fn(drafts, p, q, ...)`` with any exception it raises turned into :class:`VerifierRaised`
+    with its inputs."""
+    def call(drafts, p, q, *rest):
+        try:
+            return fn(drafts, p, q, *rest)
+        except Exception as exc:
+            raise VerifierRaised(exc, pair, drafts, p, q) from exc
+
+    return call
 
 #: Generation loops per model pair when ``draws`` is not given.
 DRAWS = 20_000
@@ -120,12 +147,15 @@ def _worst(probs: np.ndarray, ref: np.ndarray, V: int, L: int) -> tuple:
                   float(ref[i])) for i in top)
 
 
-def _stepper(verify) -> Callable:
+def _stepper(verify, pair: str) -> Callable:
+    """One step of a batch of loops: a batched verifier's own (guarded as a batch), or the
+    verifier called per request (guarded per request, so a failure names its one input)."""
     if getattr(verify, "batched", False) and hasattr(verify, "step"):
-        return verify.step
+        return _guarded(verify.step, pair)
+    one = _guarded(verify, pair)
 
     def step(drafts, p, q, rng):
-        return [verify(d, pp, qq, rng) for d, pp, qq in zip(drafts, p, q, strict=True)]
+        return [one(d, pp, qq, rng) for d, pp, qq in zip(drafts, p, q, strict=True)]
 
     return step
 
@@ -136,7 +166,7 @@ def _statistical(verify, pair: Pair, P: np.ndarray, *, draws: int, length: int, 
     target, draft = Laws(pair.target, "target"), Laws(pair.draft, "draft")
     V = target(()).size
     halves, calls, emitted = sample_counts(
-        _stepper(verify), target, draft, n=draws, length=length, gamma=gamma, k=k,
+        _stepper(verify, pair.name), target, draft, n=draws, length=length, gamma=gamma, k=k,
         replacement=replacement, rng=rng, progress=progress)
     counts = halves.sum(axis=0)
     test = likelihood_ratio(counts, P)
@@ -150,7 +180,7 @@ def _exact(law, pair: Pair, P: np.ndarray, *, length: int, gamma: int, k: int,
            replacement: bool) -> PairResult:
     target, draft = Laws(pair.target, "target"), Laws(pair.draft, "draft")
     V = target(()).size
-    out = exact_law(law, target, draft, length=length, gamma=gamma, k=k,
+    out = exact_law(_guarded(law, pair.name), target, draft, length=length, gamma=gamma, k=k,
                     replacement=replacement)
     tv = 0.5 * float(np.abs(out - P).sum())
     return PairResult(pair.name, pair.description, 0, None, 0, None, tv, tv, tv, EXACT_TOL,

@@ -11,7 +11,10 @@ Examples
 
 ``NAME`` is the verifier: a callable ``verify(drafts, p, q, rng)``; ``--torch`` wraps a
 batched ``fn(drafts, p, q, generator)`` with :func:`coupling.conformance.from_torch`. The
-exit status is 0 when the check passes, 1 when it finds a loss, 2 on bad input.
+exit status is 0 when the check passes, 1 when it finds a loss or the verifier raises on valid
+input (a failure too: its traceback is printed with the pair and drafts it was given), 2 on bad
+input to the command. ``MODULE`` is imported as ``python -m`` would, the current directory
+first.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 import time
+import traceback
 
 __all__ = ["add_parser", "run", "load", "main"]
 
@@ -60,6 +65,8 @@ def load(spec: str):
     module, sep, name = spec.partition(":")
     if not sep or not module or not name:
         raise ValueError(f"expected MODULE:NAME (e.g. mypkg.spec:verify), got {spec!r}")
+    if os.getcwd() not in sys.path:      # as ``python -m`` does: a module beside the user
+        sys.path.insert(0, os.getcwd())
     try:
         obj = importlib.import_module(module)
     except ImportError as exc:
@@ -94,7 +101,7 @@ class _Bar:
 def run(args: argparse.Namespace) -> int:
     """Run the check that ``args`` describes; print the report; return the exit status."""
     from .adapters import from_torch
-    from .check import check_verifier
+    from .check import VerifierRaised, check_verifier
 
     try:
         verify = load(args.target)
@@ -106,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
             replacement=not args.without_replacement, length=args.length, draws=args.draws,
             seed=args.seed, alpha=args.alpha, exact=args.exact,
             progress=_Bar() if show else None)
+    except VerifierRaised as exc:        # the code under test failed: its traceback, a FAIL
+        traceback.print_exception(exc.__cause__, file=sys.stderr)
+        print(f"coupling conformance: FAIL: {exc}", file=sys.stderr)
+        return 1
     except (ValueError, TypeError) as exc:
         print(f"coupling conformance: error: {exc}", file=sys.stderr)
         return 2
