@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from fractions import Fraction
@@ -85,8 +86,14 @@ def analyze(
         }
     opt = optimal_acceptance(p, q, k, replacement=replacement)
     out["optimal_acceptance"] = opt
+    out["skipped"] = {}
     for name, rule in RULES.items():
-        if rule.unit != "token" or not rule.supports(k, replacement):
+        if rule.unit != "token":
+            out["skipped"][name] = "judges a whole block: see block efficiency (--gamma)"
+            continue
+        if not rule.supports(k, replacement):
+            out["skipped"][name] = rule.support_text.replace("replacement=False",
+                                                             "--without-replacement")
             continue
         acc = rule.acceptance(p, q, k, replacement=replacement)
         lo, hi = rule.bound(p, q, k, replacement=replacement)
@@ -102,23 +109,32 @@ def analyze(
             "lossless": rule.lossless,
             "distortion": rule.distortion(p, q, k, replacement=replacement),
         }
-        if not rule.lossless:
+        if not rule.lossless:    # measured against the LP at its distortion, not the lossless LP
             row["optimum_at_distortion"] = optimal_lossy_acceptance(
                 p, q, k, distortion=row["distortion"], replacement=replacement)
+            best = row["optimum_at_distortion"]
+            row["ratio_to_optimum"] = acc / best if best > 0 else float("nan")
     if gamma is not None:
         out["block"] = _block_analysis(p, q, gamma=gamma, seed=seed, k=k,
                                        replacement=replacement)
     return out
 
 
-def _block_rules(V: int, gamma: int, k: int, replacement: bool) -> list[str]:
-    """The rules whose exact tree law is small enough to enumerate here (``V**(gamma k)``
-    draft trees at most ~1e5)."""
+#: the most draft trees (``V**(gamma k)``) the block section enumerates
+MAX_BLOCK_TREES = 100_000
+
+
+def _block_rules(V: int, gamma: int, k: int, replacement: bool) -> tuple[list[str], dict]:
+    """``(rules, skipped)``: the rules whose exact tree law is small enough to enumerate here,
+    and why each other rule is left out."""
     from .rules import RULES
 
-    if V ** (gamma * k) > 100_000:
-        return []
-    return [name for name, r in RULES.items() if r.supports(k, replacement)]
+    if V ** (gamma * k) > MAX_BLOCK_TREES:
+        why = (f"the exact law enumerates V**(gamma k) = {V}**{gamma * k} draft trees, above "
+               f"{MAX_BLOCK_TREES}: lower --gamma or --drafts")
+        return [], {name: why for name in RULES}
+    skipped = {name: r.support_text for name, r in RULES.items() if not r.supports(k, replacement)}
+    return [name for name in RULES if name not in skipped], skipped
 
 
 def _block_analysis(p: np.ndarray, q: np.ndarray, *, gamma: int, seed: int, k: int = 1,
@@ -135,7 +151,7 @@ def _block_analysis(p: np.ndarray, q: np.ndarray, *, gamma: int, seed: int, k: i
 
     V = p.size
     res: dict[str, Any] = {"gamma": gamma, "seed": seed, "k": k}
-    names = _block_rules(V, gamma, k, replacement)
+    names, res["skipped"] = _block_rules(V, gamma, k, replacement)
     res["context_free"] = {rule: block_efficiency(rule, const(p), const(q), gamma, k=k,
                                                   replacement=replacement) for rule in names}
     if k == 1 and V**gamma <= 4096:
@@ -173,12 +189,13 @@ def _print_analysis(res: dict[str, Any]) -> None:
     print(f"  closed-form optimum (min-cut scan): {res['optimal_acceptance']:.12f}")
     print()
     print(f"{'rule':<16}{'acceptance':>16}{'/ its LP':>12}   bound   (its LP: the optimum of the "
-          "rule's own draft law)")
+          "rule's own draft law; a lossy rule's, at its distortion)")
     for name, r in res["rules"].items():
         print(
             f"{name:<16}{r['acceptance']:>16.12f}{r['ratio_to_optimum']:>12.6f}   "
             f"{r['bound']}  [{r['bound_low']:.6f}, {r['bound_high']:.6f}]"
         )
+    _print_skipped(res["skipped"])
     lossy = {name: r for name, r in res["rules"].items() if not r["lossless"]}
     if lossy:
         print()
@@ -192,11 +209,13 @@ def _print_analysis(res: dict[str, Any]) -> None:
     if "block" in res:
         b = res["block"]
         print()
-        print(f"Block efficiency (expected tokens per target call, gamma = {b['gamma']}, "
-              f"k = {b['k']})")
+        print(f"Block efficiency: expected tokens per target call, E[accepted] + 1 (papers that "
+              f"count accepted tokens report 1 less), gamma = {b['gamma']}, k = {b['k']}")
         for label, d in (
-            ("context-free (target, draft)", b["context_free"]),
-            (f"toy TabularLM, V={b['toy_model']['vocab_size']}, seed={b['seed']}", b["toy_model"]),
+            ("your laws at every position (context-free)", b["context_free"]),
+            (f"a random context-dependent pair, not your laws (TabularLM V="
+             f"{b['toy_model']['vocab_size']}, seeds {b['seed']} and {b['seed'] + 1})",
+             b["toy_model"]),
         ):
             print(f"  {label}")
             for rule, value in d.items():
@@ -204,6 +223,14 @@ def _print_analysis(res: dict[str, Any]) -> None:
                     lossy = "  (LOSSY)" if rule in res["rules"] and \
                         not res["rules"][rule]["lossless"] else ""
                     print(f"    {rule:<26}{value:.12f}{lossy}")
+        _print_skipped(b["skipped"], indent="  ")
+
+
+def _print_skipped(skipped: dict[str, str], indent: str = "") -> None:
+    """The rules left out of a table, a line per reason."""
+    for why in dict.fromkeys(skipped.values()):
+        names = ", ".join(n for n, w in skipped.items() if w == why)
+        print(f"{indent}skipped: {names} ({why})")
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
@@ -267,13 +294,27 @@ def main(argv: list[str] | None = None) -> int:
     from .lp.solvers import SolverError
 
     try:
-        return _cmd_analyze(args)
+        code = _cmd_analyze(args)
+        sys.stdout.flush()            # a closed pipe fails here, where it is handled
+        return code
+    except BrokenPipeError:           # the reader left (`coupling analyze ... | head`)
+        _silence_stdout()
+        return 1
     except (ValueError, OverflowError) as exc:       # bad input
         print(f"coupling analyze: error: {exc}", file=sys.stderr)
         return 2
     except SolverError as exc:                        # an LP that could not be certified
         print(f"coupling analyze: solver error: {exc}", file=sys.stderr)
         return 3
+
+
+def _silence_stdout() -> None:
+    """Point standard output at the null device, so that the flush at exit finds no closed pipe
+    (Python's documented answer to SIGPIPE)."""
+    try:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):     # no file descriptor behind it
+        pass
 
 
 if __name__ == "__main__":  # pragma: no cover

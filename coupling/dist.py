@@ -113,8 +113,8 @@ def as_distribution(x: ArrayLike, *, atol: float = 1e-9, name: str = "p") -> np.
         total = math.inf
     if abs(total - 1.0) > atol:
         raise ValueError(
-            f"{name} sums to {total!r}, not 1 (tolerance atol={atol:g}); "
-            "normalise it first (p / p.sum()) or raise atol"
+            f"{name} sums to {total!r}, not 1 (within {atol:g}); normalise it first "
+            f"({name} / {name}.sum())"
         )
     return arr / total
 

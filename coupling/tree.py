@@ -80,6 +80,7 @@ class Tree:
     parent: tuple[int, ...]
     children: str = "iid"
     kids: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    depths: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         parent = tuple(self.parent)
@@ -95,10 +96,13 @@ class Tree:
             raise ValueError(f"children={self.children!r} is no child law; choose one of "
                              f"{', '.join(CHILD_LAWS)}")
         kids: list[list[int]] = [[] for _ in range(len(parent) + 1)]   # the root is last
+        depths: list[int] = []
         for n, a in enumerate(parent):
             kids[a].append(n)
+            depths.append(1 if a < 0 else depths[a] + 1)
         object.__setattr__(self, "parent", parent)
         object.__setattr__(self, "kids", tuple(tuple(c) for c in kids))
+        object.__setattr__(self, "depths", tuple(depths))
 
     # ------------------------------------------------------------------ constructors
     @classmethod
@@ -185,14 +189,11 @@ class Tree:
     @property
     def depth(self) -> int:
         """The longest root-to-node path (the most tokens one call can accept)."""
-        return max(self.depth_of(n) for n in range(self.size))
+        return max(self.depths)
 
     def depth_of(self, n: int) -> int:
         """``1`` for a child of the root."""
-        d = 0
-        while n >= 0:
-            n, d = self.parent[n], d + 1
-        return d
+        return self.depths[n]
 
     def children_of(self, n: int) -> tuple[int, ...]:
         """The children of node ``n`` in order (``n = -1``: the root's)."""

@@ -161,3 +161,44 @@ def test_help_lists_every_installed_command():
     assert proc.returncode == 0, proc.stderr
     for name in ["analyze", *(ep.name for ep in entry_points(group="coupling.commands"))]:
         assert name in proc.stdout
+
+
+def test_analyze_says_what_it_leaves_out(capsys):
+    """Nothing vanishes silently: rules that cannot verify the chosen drafts, and a block
+    section over the enumeration bound, name each rule left out and why, in the table and in
+    the JSON."""
+    p, q = "0.5,0.3,0.2,0,0,0,0,0", "0.2,0.2,0.2,0.1,0.1,0.1,0.05,0.05"
+    assert main(["analyze", "--target", p, "--draft", q, "--drafts", "2", "--gamma", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "skipped: greedy" in out and "--without-replacement" in out
+    assert "traversal, gbv (judges a whole block" in out
+    assert "8**6 draft trees, above 100000: lower --gamma or --drafts" in out
+    assert main(["analyze", "--target", p, "--draft", q, "--drafts", "2", "--gamma", "3",
+                 "--json"]) == 0
+    res = json.loads(capsys.readouterr().out)
+    assert res["block"]["context_free"] == {} and "token" in res["block"]["skipped"]
+    assert set(res["skipped"]) == {"token", "block", "gumbel", "minhash", "greedy", "spechub",
+                                   "traversal", "gbv"}
+
+
+def test_lossy_rules_are_measured_against_their_own_lp(capsys):
+    """The "/ its LP" column of a lossy rule is its acceptance over the best at its
+    distortion, so it never exceeds 1; the block section says its unit and its toy pair."""
+    assert main(["analyze", "--target", "0.5,0.3,0.2", "--draft", "0.2,0.2,0.6", "--drafts", "2",
+                 "--json"]) == 0
+    rules = json.loads(capsys.readouterr().out)["rules"]
+    for name in ("typical", "relaxed"):
+        r = rules[name]
+        assert r["ratio_to_optimum"] == pytest.approx(r["acceptance"] / r["optimum_at_distortion"])
+        assert r["ratio_to_optimum"] <= 1 + 1e-9
+    assert main(["analyze", "--target", "1/3,2/3", "--draft", "2/3,1/3", "--gamma", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "tokens per target call, E[accepted] + 1" in out and "not your laws" in out
+
+
+def test_a_closed_pipe_ends_quietly():
+    """``coupling analyze ... | head -1``: no traceback when the reader leaves."""
+    cmd = (f"{sys.executable} -m coupling analyze --target 0.5,0.3,0.2 --draft 0.2,0.2,0.6 "
+           "--gamma 2 | head -c 10")
+    done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert done.stdout == "target  = " and "Traceback" not in done.stderr, done.stderr

@@ -38,9 +38,11 @@ def run(models, draft=None, prompts=PROMPT, **kwargs):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(rule="nope"), r"rule='nope' is not a lossless verification rule.*'block'"),
-    (dict(rule="token_no_residual"), "rule='token_no_residual' is not a lossless verification"),
-    (dict(rule=3), "rule=3 is not a lossless verification rule"),
+    (dict(rule="nope"), r"rule=: unknown rule 'nope'; known rules: token, block"),
+    (dict(rule="rss"), r"unknown rule 'rss' \(did you mean 'rrs'\?\)"),
+    (dict(rule="token_no_residual"), "unknown rule 'token_no_residual'; known rules"),
+    (dict(rule="typical"), "rule='typical' is not a lossless verification rule"),
+    (dict(rule=3), "rule=: unknown rule 3"),
     (dict(gamma=0), "gamma must be a positive integer"),
     (dict(gamma=-2), "gamma must be a positive integer"),
     (dict(gamma=1.5), "gamma must be a positive integer"),

@@ -94,6 +94,13 @@ def test_every_name_is_its_rule_and_controls_are_labelled_lossy():
 def test_unknown_rule_names_are_refused():
     with pytest.raises(ValueError, match="unknown rule 'nope'; known rules: token"):
         get_rule("nope")
+    with pytest.raises(ValueError, match=r"unknown rule 'rss' \(did you mean 'rrs'\?\)"):
+        get_rule("rss")
+    with pytest.raises(KeyError, match=r"unknown rule 'Block' \(did you mean 'block'\?\)"):
+        RULES["Block"]                         # the registry itself says what it holds
+    with pytest.raises(ValueError) as err:     # the controls are no rule a user would pick
+        get_rule("nope", controls=True)
+    assert not any(name in str(err.value) for name in NEGATIVE_CONTROLS)
     with pytest.raises(ValueError, match="unknown rule"):
         get_rule("token_no_residual")          # a negative control only where asked for
 

@@ -6,7 +6,7 @@ Examples
 
     coupling conformance coupling.conformance.bugs:VLLM_SHARED_NOISE
     coupling conformance coupling.conformance.bugs:ASCEND_BLOCK_VERIFY --exact
-    coupling conformance mypkg.verify:verify --gamma 3 --k 2 --draws 50000 --json
+    coupling conformance mypkg.verify:verify --gamma 3 --drafts 2 --draws 50000 --json
     coupling conformance mypkg.engine:batched_verify --torch
 
 ``NAME`` is the verifier: a callable ``verify(drafts, p, q, rng)``; ``--torch`` wraps a
@@ -41,7 +41,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     a.add_argument("target", metavar="MODULE:NAME", help="the verifier, e.g. mypkg.spec:verify")
     a.add_argument("--vocab-size", type=int, default=3, metavar="V", help="vocabulary (3)")
     a.add_argument("--gamma", type=int, default=2, metavar="G", help="drafts per branch (2)")
-    a.add_argument("--k", type=int, default=1, metavar="K", help="draft branches (1)")
+    a.add_argument("--drafts", "--k", dest="k", type=int, default=1, metavar="K",
+                   help="draft branches, as in `coupling analyze` (1)")
     a.add_argument("--without-replacement", action="store_true",
                    help="the k first drafts are distinct (successive sampling)")
     a.add_argument("--length", type=int, default=None, metavar="L",

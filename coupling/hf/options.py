@@ -9,7 +9,7 @@ import torch
 
 from .. import keyed
 from ..dist import validate_count, validate_replacement
-from ..rules import RULES
+from ..rules import RULES, unknown_rule
 from ..torch_backend import check_inputs
 
 __all__ = ["Options", "check_options", "row_seeds", "GREEDY_RULES", "SEED_STREAM"]
@@ -44,7 +44,9 @@ def _support_text(rule: str, k: int, replacement: bool) -> str | None:
 def check_options(rule: str, num_drafts: int, gamma: int, replacement: bool,
                   do_sample: bool) -> Options:
     """Validate the method's parameters (``ValueError`` naming the argument and the fix)."""
-    if not isinstance(rule, str) or rule not in RULES or not RULES[rule].lossless:
+    if not isinstance(rule, str) or rule not in RULES:
+        raise ValueError(f"rule=: {unknown_rule(rule, RULES)}")
+    if not RULES[rule].lossless:
         raise ValueError(f"rule={rule!r} is not a lossless verification rule; choose one of "
                          f"{sorted(n for n, r in RULES.items() if r.lossless)}")
     k = validate_count(num_drafts, "num_drafts", "(draft branches per step)")

@@ -38,6 +38,8 @@ must flag.
 
 from __future__ import annotations
 
+import difflib
+
 from ..tree import Tree
 from .base import Rule
 from .block import PLAIN_RESIDUAL
@@ -63,9 +65,25 @@ from .traversal import RULE as TRAVERSAL
 from .traversal import TraversalControl
 from .typical import RULE as TYPICAL
 
-RULES: dict[str, Rule] = {r.name: r for r in (
+
+class Registry(dict):
+    """``name -> rule``; an unknown name is a ``KeyError`` that lists the names and suggests
+    the closest (``RULES["Block"]``: did you mean ``'block'``?)."""
+
+    def __missing__(self, key):
+        raise KeyError(unknown_rule(key, self))
+
+
+def unknown_rule(name, names) -> str:
+    """``unknown rule 'rss'; did you mean 'rrs'? known rules: ...``."""
+    close = difflib.get_close_matches(str(name).lower(), list(names), n=1, cutoff=0.6)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return f"unknown rule {name!r}{hint}; known rules: {', '.join(names)}"
+
+
+RULES: dict[str, Rule] = Registry((r.name, r) for r in (
     TOKEN, BLOCK, KSEQ, RRS, OPTIMAL, GUMBEL, MINHASH, GREEDY, IMPORTANCE, SPECHUB, STRICT, GLS,
-    TRAVERSAL, GBV, TYPICAL, RELAXED)}
+    TRAVERSAL, GBV, TYPICAL, RELAXED))
 #: deliberately broken rules, for the harnesses' negative controls (the tree rules' subtler
 #: controls, lossy only on dedicated instances, live in their tests)
 NEGATIVE_CONTROLS: dict[str, Rule] = {r.name: r for r in (
@@ -78,10 +96,11 @@ def get_rule(rule: str | Rule, *, controls: bool = False) -> Rule:
     ``controls`` also admits the negative controls."""
     if isinstance(rule, Rule):
         return rule
-    table = {**RULES, **NEGATIVE_CONTROLS} if controls else RULES
-    if isinstance(rule, str) and rule in table:
-        return table[rule]
-    raise ValueError(f"unknown rule {rule!r}; known rules: {', '.join(table)}")
+    if isinstance(rule, str) and rule in RULES:
+        return RULES[rule]
+    if controls and isinstance(rule, str) and rule in NEGATIVE_CONTROLS:
+        return NEGATIVE_CONTROLS[rule]
+    raise ValueError(unknown_rule(rule, RULES))
 
 
 def verifiers() -> tuple[str, ...]:
@@ -127,4 +146,5 @@ def verify(rule: str | Rule, drafts, p, q, *, tree: Tree | None = None, **kwargs
                            draws_by_position=r.draws_by_position, **kwargs)
 
 
-__all__ = ["RULES", "NEGATIVE_CONTROLS", "Rule", "get_rule", "verify", "verifiers"]
+__all__ = ["RULES", "NEGATIVE_CONTROLS", "Rule", "get_rule", "unknown_rule", "verify",
+           "verifiers"]

@@ -66,21 +66,24 @@ def _rule(rule: str | Rule, k: int, replacement: bool) -> tuple[Rule, int, bool]
     return get_rule(rule, controls=True), validate_k(k), validate_replacement(replacement)
 
 
-def _tree(gamma: int | None, k: int, replacement: bool, tree: Tree | None) -> Tree:
-    """The draft tree of a call: ``tree`` itself, or ``k`` chains of ``gamma`` tokens."""
+def _calls(r: Rule, gamma: int | None, k: int, replacement: bool, tree: Tree | None):
+    """``(depth, outcomes(T, D, ctx))`` of one call: ``k`` chains of ``gamma`` tokens through
+    ``r.outcomes``, or a draft tree of any shape (:func:`.topology.tree_outcomes`)."""
     if tree is None:
         if gamma is None:
             raise ValueError("give the draft length gamma (with k and replacement), or a "
                              "draft tree as tree=coupling.Tree(...)")
-        k, replacement = validate_k(k), validate_replacement(replacement)
-        return Tree.from_chains(k, check_length(gamma), replacement=replacement)
+        gamma, k, replacement = check_length(gamma), validate_k(k), \
+            validate_replacement(replacement)
+        return gamma, lambda T, D, ctx: r.outcomes(T, D, gamma, ctx, k=k,
+                                                   replacement=replacement)
     if not isinstance(tree, Tree):
         raise TypeError(f"tree must be a coupling.Tree, got {type(tree).__name__}")
     if gamma is not None or k != 1 or replacement is not True:
         raise ValueError("tree= fixes the draft length, the branches and how they are drawn; "
                          "leave gamma, k and replacement out (Tree.from_chains(k, gamma) is "
                          "the tree of k chains)")
-    return tree
+    return tree.depth, lambda T, D, ctx: tree_outcomes(r, T, D, tree, ctx)
 
 
 def path_law(rule: str | Rule, drafts, p_path, q_path) -> tuple[np.ndarray, np.ndarray]:
@@ -102,12 +105,12 @@ def accepted_length_law(rule: str | Rule, target: LanguageModel, draft: Language
     branches of ``gamma`` tokens, or a draft tree of any shape (``tree=``,
     :mod:`coupling.sequence.topology`)."""
     r = get_rule(rule, controls=True)
-    tree = _tree(gamma, k, replacement, tree)
+    depth, outcomes = _calls(r, gamma, k, replacement, tree)
     T, D, ctx = check_models(target, draft, context)
     exact = is_exact(T(ctx))
-    total = np.array([Fraction(0) if exact else 0.0] * (tree.depth + 1),
+    total = np.array([Fraction(0) if exact else 0.0] * (depth + 1),
                      dtype=object if exact else np.float64)
-    for _, tau, prob in tree_outcomes(r, T, D, tree, ctx):
+    for _, tau, prob in outcomes(T, D, ctx):
         total[tau] += prob
     return total
 
@@ -190,7 +193,7 @@ def stream_law(rule: str | Rule, target: LanguageModel, draft: LanguageModel,
     shape.
     """
     r = get_rule(rule, controls=True)
-    tree = _tree(gamma, k, replacement, tree)
+    _, outcomes = _calls(r, gamma, k, replacement, tree)
     length = check_length(length, "length")
     T, D, ctx = check_models(target, draft, context)
     V = T(ctx).size
@@ -201,7 +204,7 @@ def stream_law(rule: str | Rule, target: LanguageModel, draft: LanguageModel,
     while frontier:
         pre = min(frontier, key=len)  # shortest first: every merge into it has already happened
         mass = frontier.pop(pre)
-        for emitted, _, prob in tree_outcomes(r, T, D, tree, ctx + pre):
+        for emitted, _, prob in outcomes(T, D, ctx + pre):
             new = (pre + emitted)[:length]
             bucket = done if len(new) == length else frontier
             bucket[new] = bucket.get(new, 0 * one) + mass * prob

@@ -189,8 +189,7 @@ def tree_verifier_lp(target: LanguageModel, draft: LanguageModel, gamma: int | N
     drafted prefixes, :func:`coupling.sequence.topology.drafted_tries`); tiny ``V``, ``gamma``,
     ``k`` only (:data:`MAX_LP_VARIABLES`)."""
     if tree is None:
-        T, chains, V, gamma, k, replacement, ctx = _setup(target, draft, gamma,
-                                                          1 if k is None else k, replacement,
+        T, chains, V, gamma, k, replacement, ctx = _setup(target, draft, gamma, k, replacement,
                                                           context)
         trees = [({x[:i] for x in paths for i in range(gamma + 1)}, pr)
                  for paths, pr in _trees(chains, k, replacement)]
