@@ -81,6 +81,7 @@ class Tree:
     children: str = "iid"
     kids: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
     depths: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    columns: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         parent = tuple(self.parent)
@@ -97,12 +98,17 @@ class Tree:
                              f"{', '.join(CHILD_LAWS)}")
         kids: list[list[int]] = [[] for _ in range(len(parent) + 1)]   # the root is last
         depths: list[int] = []
+        columns: list[int] = []          # each node's index among the nodes of its depth
+        seen: dict[int, int] = {}
         for n, a in enumerate(parent):
             kids[a].append(n)
             depths.append(1 if a < 0 else depths[a] + 1)
+            columns.append(seen.get(depths[-1], 0))
+            seen[depths[-1]] = columns[-1] + 1
         object.__setattr__(self, "parent", parent)
         object.__setattr__(self, "kids", tuple(tuple(c) for c in kids))
         object.__setattr__(self, "depths", tuple(depths))
+        object.__setattr__(self, "columns", tuple(columns))
 
     # ------------------------------------------------------------------ constructors
     @classmethod

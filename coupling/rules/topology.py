@@ -70,18 +70,14 @@ def _widest_step(tree: Tree) -> int:
     every node at one depth (all siblings may coincide)."""
     if tree.children != "iid":
         return max(len(c) for c in tree.kids)
-    depth = [tree.depth_of(n) for n in range(tree.size)]
-    return max(depth.count(d) for d in set(depth))
+    return max(tree.columns) + 1
 
 
 def node_columns(tree: Tree) -> tuple[np.ndarray, np.ndarray]:
     """``(depth [N], column [N])``: each node's depth (1 under the root) and its index among
     the nodes of that depth; ``ValueError`` past :data:`coupling.keyed.MAX_DRAFTS` columns."""
-    depth = np.array([tree.depth_of(n) for n in range(tree.size)], dtype=np.int64)
-    column = np.zeros(tree.size, dtype=np.int64)
-    for d in np.unique(depth):
-        at = np.flatnonzero(depth == d)
-        column[at] = np.arange(at.size)
+    depth = np.array(tree.depths, dtype=np.int64)
+    column = np.array(tree.columns, dtype=np.int64)
     if column.max() >= MAX_DRAFTS:
         raise ValueError(f"the tree has {int(column.max()) + 1} nodes at one depth; the keyed "
                          f"coins take at most {MAX_DRAFTS}")

@@ -29,16 +29,12 @@ __all__ = ["walk_topology", "tree_uniforms", "verify_topology"]
 def _layout(tree: Tree, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """``(parent row [N], coin counter [N])``: each node's parent as a law row (0 the root)
     and its coin's counter ``(depth - 1) MAX_DRAFTS + column`` (read only)."""
-    depth = [tree.depth_of(n) for n in range(tree.size)]
-    column, seen = [], {}
-    for d in depth:
-        column.append(seen.get(d, 0))
-        seen[d] = column[-1] + 1
-    if max(column) >= MAX_DRAFTS:
-        raise ValueError(f"the tree has {max(column) + 1} nodes at one depth; the keyed coins "
-                         f"take at most {MAX_DRAFTS}")
+    if max(tree.columns) >= MAX_DRAFTS:
+        raise ValueError(f"the tree has {max(tree.columns) + 1} nodes at one depth; the keyed "
+                         f"coins take at most {MAX_DRAFTS}")
     parent = torch.tensor([a + 1 for a in tree.parent], dtype=torch.int64, device=device)
-    counter = torch.tensor([(d - 1) * MAX_DRAFTS + c for d, c in zip(depth, column, strict=True)],
+    counter = torch.tensor([(d - 1) * MAX_DRAFTS + c
+                            for d, c in zip(tree.depths, tree.columns, strict=True)],
                            dtype=torch.int64, device=device)
     return parent, counter
 
