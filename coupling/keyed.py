@@ -81,6 +81,7 @@ __all__ = [
     "call_uniforms",
     "gumbel_noise",
     "NOISE_ULPS",
+    "noise_gap",
 ]
 
 #: acceptance tests (counter: offset * MAX_DRAFTS + branch)
@@ -203,6 +204,18 @@ def call_uniforms(seed: int, position: int, gamma: int, k: int) -> tuple[np.ndar
     coins = uniforms(seed, position, STREAM_ACCEPT, counters)
     u = uniforms(seed, position, STREAM_SAMPLE, np.arange(gamma + 1, dtype=np.uint64))
     return coins.reshape(gamma, k), u
+
+
+def noise_gap(a, b) -> float:
+    """The largest gap between two arrays of Gumbel noise in units of ``2**-52 max(1, |G|)``,
+    the unit of :data:`NOISE_ULPS`.
+
+    >>> noise_gap(np.array([1.0, -0.25]), np.array([1.0 + 2.0**-52, -0.25]))
+    1.0
+    """
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    scale = np.maximum(1.0, np.abs(a)) * 2.0**-52
+    return float(np.max(np.abs(a - b) / scale, initial=0.0))
 
 
 def gumbel_noise(seed: int, positions, tokens) -> np.ndarray:

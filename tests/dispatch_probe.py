@@ -76,8 +76,7 @@ def noise_and_gumbel_decisions() -> dict:
         g_t = gumbel_noise(torch.tensor([[seed]]), torch.from_numpy(pos)[None], TOKENS,
                            dtype=torch.float64)[0].numpy()
         differing += int((g_np != g_t).any(1).sum())
-        scale = np.maximum(1.0, np.abs(g_np)) * 2.0**-52
-        gap = max(gap, float((np.abs(g_np - g_t) / scale).max()))
+        gap = max(gap, keyed.noise_gap(g_np, g_t))
         y_np = np.argmax(np.log(laws) + g_np, 1)
         y_t = target_tokens(torch.from_numpy(laws), torch.tensor(seed),
                             torch.from_numpy(pos)).numpy()

@@ -89,12 +89,6 @@ def test_keyed_hash_matches_pure_python_uint64(backend):
         assert [int(g) % (1 << 64) for g in got.tolist()] == want
 
 
-def _noise_gap(a: np.ndarray, b: np.ndarray) -> float:
-    """The largest gap between two noise arrays in units of ``2**-52 max(1, |G|)``."""
-    scale = np.maximum(1.0, np.abs(a)) * 2.0**-52
-    return float(np.max(np.abs(a - b) / scale, initial=0.0))
-
-
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=3),
        st.lists(st.integers(0, 2**63 - 1), min_size=1, max_size=3),
@@ -134,15 +128,15 @@ def test_numpy_and_torch_backends_agree(seeds, positions, stream, n, k):
     assert torch.equal(g_t[..., tokens], g_at)
     for b, seed in enumerate(seeds):
         g_np = keyed.gumbel_noise(seed, positions, np.arange(50))
-        assert _noise_gap(g_np, g_t[b].numpy()) <= keyed.NOISE_ULPS
+        assert keyed.noise_gap(g_np, g_t[b].numpy()) <= keyed.NOISE_ULPS
 
 
 def test_noise_gap_measures_units_in_the_last_place():
     """The tolerance above is tight: one unit passes, a relative 1e-14 fails (the test of the
     backends' agreement can fail)."""
     g = np.array([-1.0, 0.25, 1.0])
-    assert _noise_gap(g, g + 2.0**-52) == 1.0
-    assert _noise_gap(g, g * (1 + 1e-14)) > keyed.NOISE_ULPS
+    assert keyed.noise_gap(g, g + 2.0**-52) == 1.0
+    assert keyed.noise_gap(g, g * (1 + 1e-14)) > keyed.NOISE_ULPS
 
 
 # ----------------------------------------------------------------------------- the layout
