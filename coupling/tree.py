@@ -186,6 +186,38 @@ class Tree:
                              f"{size!r}")
         return cls.from_paths(paths[:size], children)
 
+    @classmethod
+    def from_spec(cls, spec: str, children: str = "iid") -> Tree:
+        """A tree written on a command line: per-depth widths ``"3,2,1"``
+        (:meth:`from_branching`), a named tree and its size ``"eagle:16"`` (:meth:`named`), or
+        a JSON file holding a list of paths (:meth:`from_paths`).
+
+        >>> Tree.from_spec("eagle:8").size, Tree.from_spec("3,1").size
+        (8, 6)
+        """
+        text = str(spec).strip()
+        if text.endswith(".json"):
+            import json
+            from pathlib import Path
+
+            try:
+                paths = json.loads(Path(text).read_text())
+            except (OSError, json.JSONDecodeError) as exc:
+                raise ValueError(f"tree file {text}: {exc}") from None
+            return cls.from_paths(paths, children)
+        name, _, size = text.partition(":")
+        if name in NAMED:
+            if size and not size.isdigit():
+                raise ValueError(f"tree {text!r}: the size after ':' must be an int")
+            return cls.named(name, size=int(size) if size else None, children=children)
+        try:
+            widths = [int(w) for w in text.split(",")]
+        except ValueError:
+            raise ValueError(f"tree {text!r}: give per-depth widths such as 3,2,1, a named tree "
+                             f"({', '.join(NAMED)}, optionally :size) or a .json file of "
+                             "paths") from None
+        return cls.from_branching(widths, children)
+
     # ------------------------------------------------------------------ structure
     @property
     def size(self) -> int:
@@ -204,6 +236,20 @@ class Tree:
     def children_of(self, n: int) -> tuple[int, ...]:
         """The children of node ``n`` in order (``n = -1``: the root's)."""
         return self.kids[n]
+
+    def path_to(self, n: int) -> list[int]:
+        """The nodes from the root's child down to ``n`` (``[]`` for ``n = -1``, the root).
+
+        >>> Tree.from_branching([2, 2]).path_to(5)
+        [1, 5]
+        """
+        if not -1 <= n < self.size:
+            raise ValueError(f"node {n} is not in this {self.size}-node tree")
+        out = []
+        while n >= 0:
+            out.append(n)
+            n = self.parent[n]
+        return out[::-1]
 
     def paths(self) -> list[tuple[int, ...]]:
         """Every node as its path of child ranks from the root (:meth:`from_paths`'s form)."""

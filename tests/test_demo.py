@@ -51,7 +51,10 @@ def test_speedup_interval_refuses_malformed_runs(args, kwargs, msg):
     (["--json", "/"], "is a directory"), (["--draft-head", "-5"], "--draft-head -5"),
     (["--draft-logit-scale", "-1"], "--draft-logit-scale"),
     (["--draft-logit-scale", "inf"], "--draft-logit-scale"),
-    (["--draft-logit-scale", "nan"], "--draft-logit-scale")])
+    (["--draft-logit-scale", "nan"], "--draft-logit-scale"),
+    (["--tree", "3,x"], "--tree 3,x"), (["--tree", "eagle:99"], "--tree eagle:99"),
+    (["--tree", "3,2", "--tree-rule", "block"], "--tree-rule block"),
+    (["--tree", "3,2", "--tree-rule", "typical"], "lossless")])
 def test_demo_refuses_settings_before_loading_models(argv, msg):
     """Settings the run would otherwise replace (--prompts 0 by 8 prompts, --gamma -3 by plain
     sampling in the "token" row) or trip over after the whole run (--json on a directory) are
@@ -143,3 +146,30 @@ def test_demo_methods_are_specs_of_lossless_rules():
                       (dict(rule="token", drafter="oracle"), "drafter=")):
         with pytest.raises(ValueError, match=msg):
             Method("engine", **spec)
+
+
+def test_a_tree_adds_its_line_and_reports_its_nodes():
+    """--tree adds the --tree-rule line on that tree to the methods asked for; the table shows
+    its node count in the k column and the header describes the tree."""
+    from coupling.llm.demo import Method, build_parser
+    from coupling.llm.demo.report import format_table, header
+    from coupling.llm.demo.run import select_methods
+
+    args = build_parser().parse_args(["--methods", "token", "--tree", "eagle:16"])
+    methods = select_methods(args)
+    assert [m.label for m in methods] == ["autoregressive", "token", "rrs_tree"]
+    assert methods[-1] == Method("engine", "rrs", tree="eagle:16")
+    assert methods[-1].topology().size == 16
+    row = {"k": 1, "block_efficiency": 1.6, "predicted_block_efficiency": 1.55,
+           "acceptance_rate": 0.04, "target_calls": 10, "tokens_per_s": 20.0,
+           "speedup_vs_autoregressive": 1.1, "speedup_ci95": [1.0, 1.2], "drafter": "trained",
+           "tree": {"spec": "eagle:16", "nodes": 16, "depth": 3, "parent": []}}
+    table = format_table({"baselines": {}, "rules": {"rrs_tree": row}})
+    assert table.splitlines()[-1].split()[:3] == ["rrs_tree", "16", "1.60"]
+    res = {"settings": {"temperature": 0.7, "top_k": 50, "top_p": 0.95, "gamma": 2,
+                        "prompts": 1, "max_new_tokens": 8, "seed": 0, "torch_threads": 1},
+           "models": {"target": "t", "target_params": 1e6, "dtype": "bfloat16",
+                      "device": "cpu", "draft": "d", "draft_own_params": 1e5,
+                      "draft_quant": "none", "draft_logit_scale": 1.0, "target_quant": "none"},
+           "rules": {"rrs_tree": row}}
+    assert any(line.startswith("tree eagle:16: 16 nodes, depth 3") for line in header(res))

@@ -27,6 +27,7 @@ from coupling.llm import engine as E
 from coupling.llm import feature_draft as FD
 from coupling.llm import predict as P
 from coupling.llm.sampling import SamplingConfig, probs
+from coupling.tree import Tree
 from tests.llm_helpers import (
     V,
     fresh_feature_law,
@@ -407,6 +408,78 @@ def test_forward_tree_guards_and_the_batch_fallback(pair, monkeypatch):
     assert len(r.tokens) == 4            # unsupported models fall back to a batch of k rows
 
 
+def test_tree_entries_over_several_calls_score_their_own_paths(pair):
+    """forward_nodes: entries fed over two calls (as a drafter grows a tree level by level)
+    get the logits of the committed text followed by their own path; select_path keeps one
+    path's entries, and the cache, the token record and the feature store are then those of
+    that sequence alone (float32)."""
+    target, _ = pair
+    held, feed = [1, 2, 3, 4], [5, 6]
+    lm = E.CachedLM(target)
+    lm.keep_features = True
+    E.prefill(lm, held + [0])
+    first = lm.forward_nodes(feed, [7, 8], [-1, -1])          # two children of the root
+    second = lm.forward_nodes([], [9, 0, 2], [0, 0, 1])        # their children
+    assert first.shape == (4, V) and second.shape == (3, V)
+    paths = {0: [7], 1: [8], 2: [7, 9], 3: [7, 0], 4: [8, 2]}
+    rows = list(first[1:]) + list(second)
+    torch.testing.assert_close(first[1].float(), fresh_next_logits(target, held + feed),
+                               atol=1e-5, rtol=1e-5)
+    for e, path in paths.items():
+        torch.testing.assert_close(rows[1 + e].float(),
+                                   fresh_next_logits(target, held + feed + path),
+                                   atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="no path"):
+        lm.select_path([0, 4])
+    lm.select_path([1, 4])
+    seq = held + feed + [8, 2]
+    assert lm.tokens == [seq] and lm.cache.get_seq_length() == len(seq)
+    with torch.no_grad():
+        ref = target(torch.tensor([seq]), output_hidden_states=True).hidden_states[-1][0]
+    torch.testing.assert_close(lm.feats[0], ref, atol=1e-5, rtol=1e-5)
+    nxt = seq + [3]
+    got = lm.forward(torch.tensor([lm.sync(nxt)]))[0, -1].float()
+    torch.testing.assert_close(got, fresh_next_logits(target, nxt), atol=1e-5, rtol=1e-5)
+
+
+def test_a_tree_run_records_its_exact_conditional_prediction(pair):
+    """Each tree step's prediction is the exact expected tokens given the drafted tree
+    (conditional_tree_tokens on the laws the step saw), the steps' accepted nodes form paths
+    of the tree, and a tree of one chain is a chain run's decisions."""
+    from coupling.sequence.predict import conditional_tree_tokens
+
+    target, draft = pair
+    tree = Tree.from_branching([2, 2])
+    seen = []
+    r = E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=20, rule="rrs",
+                   cfg=CFG3, seed=3, tree=tree, predict=True,
+                   on_step=lambda rec, x, q, p: seen.append((rec, x, q, p)))
+    assert len(r.tokens) == 20 and seen
+    for rec, x, q, p in seen:
+        assert rec.predicted == conditional_tree_tokens(
+            "rrs", tree, x.numpy(), p.double().numpy(), q.double().numpy())
+        assert 1.0 <= rec.predicted <= tree.depth + 1
+        assert rec.accepted == (tree.depths[rec.branch] if rec.branch >= 0 else 0)
+    chain = [E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=12, rule="token",
+                        gamma=3, cfg=CFG3, seed=5, **kw) for kw in ({}, {"tree": Tree.chain(3)})]
+    assert chain[0].tokens == chain[1].tokens
+
+
+def test_generate_refuses_trees_it_cannot_run(pair):
+    target, draft = pair
+    d = E.ModelDrafter(draft)
+    cases = [(dict(tree=[2, 2]), TypeError, "coupling.Tree"),
+             (dict(tree=Tree.from_branching([2, 2]), k=2), ValueError, "leave k=1"),
+             (dict(tree=Tree.from_branching([2, 2]), rule="block"), ValueError, "Tree.from_chains"),
+             (dict(tree=Tree.named("medusa", size=4)), ValueError, "drafter-invariant"),
+             (dict(tree=Tree.from_branching([2]), drafter=E.NgramDrafter(V)), ValueError,
+              "ModelDrafter")]
+    for kw, exc, match in cases:
+        kw = {"rule": "rrs", "drafter": d, **kw}
+        with pytest.raises(exc, match=match):
+            E.generate(target, kw.pop("drafter"), PROMPT, max_new_tokens=4, **kw)
+
+
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(0, 3), max_size=40), st.lists(st.integers(0, 3), max_size=40))
 def test_common_prefix_equals_the_walk(a, b):
@@ -491,14 +564,14 @@ def exact_two_token_law(target, prompt, cfg):
 
 
 def two_token_counts(target, draft, prompt, cfg, rule, k, n, gamma=2, replacement=True,
-                     drafter=None, tree=None):
+                     drafter=None, tree=None, topology=None):
     counts = np.zeros((V, V))
     dr = drafter or E.ModelDrafter(draft)
     tlm = E.CachedLM(target)
     for s in range(n):
         r = E.generate(target, dr, prompt, max_new_tokens=2, rule=rule, gamma=gamma, k=k,
                        cfg=cfg, seed=10_000 + s, target=tlm, replacement=replacement,
-                       tree_attention=tree)
+                       tree_attention=tree, tree=topology)
         counts[r.tokens[0], r.tokens[1]] += 1
     return counts
 
@@ -531,6 +604,37 @@ def test_first_two_tokens_follow_the_target_law(pair, rule, k, replacement, tree
                               replacement=replacement, tree=tree)
     # false-positive rate 1e-3 per rule (fixed seeds: deterministic)
     assert chi2_pvalue(counts, law) > 1e-3
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rule,topology", [
+    ("rrs", Tree.from_branching([2, 2])),
+    ("rrs", Tree.from_branching([2, 1], children="distinct")),
+    ("token", Tree.chain(2)),
+    ("strict", Tree.named("medusa", size=6))])
+def test_static_trees_follow_the_target_law(pair, rule, topology):
+    """generate(tree=): a tree drafted level by level by tree attention in the draft, verified
+    in one target call node by node, emits the target's law (i.i.d., distinct and top-k
+    children; false-positive rate 1e-3 per case, fixed seeds)."""
+    target, draft = pair
+    law = exact_two_token_law(target, PROMPT, CFG3)
+    counts = two_token_counts(target, draft, PROMPT, CFG3, rule, 1, n=1000, topology=topology)
+    assert chi2_pvalue(counts, law) > 1e-3
+
+
+@pytest.mark.slow
+def test_a_tree_whose_drafts_are_not_drawn_from_q_is_detected(pair, monkeypatch):
+    """Negative control of the tree test above: the drafter takes the likeliest tokens but
+    reports i.i.d. children; rrs is then lossy, and the same test rejects it."""
+    from coupling.llm import drafters
+
+    target, draft = pair
+    monkeypatch.setattr(drafters, "draw_children",
+                        lambda law, m, children, gen: torch.topk(law, m).indices)
+    law = exact_two_token_law(target, PROMPT, CFG3)
+    counts = two_token_counts(target, draft, PROMPT, CFG3, "rrs", 1, n=1000,
+                              topology=Tree.from_branching([2, 2]))
+    assert chi2_pvalue(counts, law) < 1e-3
 
 
 @pytest.mark.slow

@@ -11,6 +11,7 @@ from transformers import LogitsProcessor, LogitsProcessorList, StoppingCriteria
 from transformers.generation.streamers import BaseStreamer
 
 import coupling.hf
+from coupling import Tree
 from coupling.torch_backend import gumbel_noise
 from tests.hf_helpers import (  # noqa: F401 (one_thread: an autouse fixture)
     PAD,
@@ -30,11 +31,12 @@ METHODS = [
     dict(rule="rrs", num_drafts=3, gamma=2, replacement=False),
     dict(rule="optimal", num_drafts=2, gamma=2),
     dict(rule="gumbel", gamma=3),
+    dict(rule="rrs", tree=Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (0, 0, 0)])),
 ]
 
 
 def method_id(m: dict) -> str:
-    return "-".join(str(v) for v in m.values())
+    return "-".join(f"{v.size}-node-tree" if isinstance(v, Tree) else str(v) for v in m.values())
 
 
 @pytest.fixture(scope="module")
@@ -178,6 +180,25 @@ def test_statistics_and_scores(models):
                             output_logits=True, **SAMPLING)
     assert torch.allclose(out.scores[0][0], plain.scores[0][0], atol=1e-5)
     assert torch.allclose(out.logits[0][0], plain.logits[0][0], atol=1e-5)
+
+
+def test_a_tree_of_chains_is_the_chain_loop_and_tree_statistics(models):
+    """tree=Tree.from_chains(k, gamma) runs the chain loop, token for token; a tree of another
+    shape counts its nodes as drafted tokens and its depth as positions, and emits at most
+    depth + 1 tokens per step."""
+    target, draft = models
+    kw = dict(seed=[4, 5, 6], max_new_tokens=14, return_dict_in_generate=True, **SAMPLING)
+    chains = speculative(target, draft, PROMPTS, rule="rrs", num_drafts=2, gamma=3, **kw)
+    same = speculative(target, draft, PROMPTS, rule="rrs", tree=Tree.from_chains(2, 3), **kw)
+    assert torch.equal(chains.sequences, same.sequences)
+    assert torch.equal(chains.num_accepted_tokens, same.num_accepted_tokens)
+    tree = Tree.named("eagle", size=10, children="iid")
+    out = speculative(target, draft, PROMPTS, rule="rrs", tree=tree, **kw)
+    assert out.num_accepted_tokens_per_pos.shape == (3, tree.depth)
+    assert torch.equal(out.num_draft_tokens, out.num_steps * tree.size)
+    assert torch.equal(out.num_accepted_tokens, out.num_accepted_tokens_per_pos.sum(1))
+    assert (out.num_accepted_tokens <= out.num_steps * tree.depth).all()
+    assert out.num_accepted_tokens_per_pos[:, 1].sum() > 0      # some step went two deep
 
 
 class StopAfter(StoppingCriteria):

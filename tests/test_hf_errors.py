@@ -8,6 +8,7 @@ from transformers import LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 from transformers.generation.streamers import BaseStreamer
 
 import coupling.hf
+from coupling import Tree
 from tests.hf_helpers import (  # noqa: F401 (one_thread: an autouse fixture)
     PAD,
     one_thread,
@@ -60,10 +61,20 @@ def run(models, draft=None, prompts=PROMPT, **kwargs):
     (dict(seed=[-4]), "seeds must be non-negative"),
     (dict(seed=1.5), "seed must be an int"),
     (dict(seed=True), "seed must be an int"),
+    (dict(rule="rrs", tree=Tree.from_branching([2]), num_drafts=2), "leave num_drafts out"),
+    (dict(rule="block", tree=Tree.from_branching([2, 2])), "Tree.from_chains"),
+    (dict(rule="rrs", tree=Tree.named("medusa", size=4)), "drafter-invariant"),
+    (dict(rule="gumbel", tree=Tree.from_branching([2, 2])), "keyed noise"),
+    (dict(rule="rrs", tree=Tree.from_branching([2, 150])), "at most 256"),
 ])
 def test_bad_method_parameters(models, kwargs, match):
     with pytest.raises(ValueError, match=match):
         run(models, **kwargs)
+
+
+def test_a_tree_that_is_no_tree(models):
+    with pytest.raises(TypeError, match="coupling.Tree"):
+        run(models, rule="rrs", tree=[2, 2])
 
 
 @pytest.mark.parametrize("rule, k", [("rrs", 2), ("kseq", 2), ("optimal", 2), ("gumbel", 1),

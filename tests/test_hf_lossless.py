@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import coupling.hf.drafting as drafting
-from coupling import RULES
+from coupling import RULES, Tree
 from tests.hf_helpers import (  # noqa: F401 (one_thread: an autouse fixture)
     fit_pvalue,
     one_thread,
@@ -81,20 +81,33 @@ def _methods() -> list[dict]:
         for k, replacement, gamma in ((3, True, 2), (2, False, 1)):
             if rule.supports(k, replacement):
                 out.append(dict(rule=name, num_drafts=k, gamma=gamma, replacement=replacement))
-    return out + [dict(rule="block", gamma=1)]
+    return out + [dict(rule="block", gamma=1)] + TREES
 
 
-@pytest.mark.parametrize("method", _methods(),
-                         ids=lambda m: "-".join(f"{v}" for v in m.values()))
+#: static trees of other shapes, one model row per root-to-leaf path (i.i.d., distinct and
+#: top-k children)
+TREES = [dict(rule="rrs", tree=Tree.from_branching([2, 2])),
+         dict(rule="kseq", tree=Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (0, 0, 0)])),
+         dict(rule="rrs", tree=Tree.from_branching([2, 1], children="distinct")),
+         dict(rule="strict", tree=Tree.named("medusa", size=6))]
+
+
+def _name(method: dict) -> str:
+    return "-".join(f"{v.size}-node-{v.children}-tree" if isinstance(v, Tree) else f"{v}"
+                    for v in method.values())
+
+
+@pytest.mark.parametrize("method", _methods(), ids=_name)
 def test_rule_output_has_plain_sampling_law(models, method):
     target, draft, law = models
     assert fit_pvalue(sample_pairs(target, draft, **method), law) > ALPHA
 
 
-@pytest.mark.parametrize("rule", ["token", "block"])
-def test_negative_control_q_not_the_drafting_law_fails(models, monkeypatch, rule):
+@pytest.mark.parametrize("method", [dict(rule="token", gamma=2), dict(rule="block", gamma=2),
+                                    TREES[0]], ids=_name)
+def test_negative_control_q_not_the_drafting_law_fails(models, monkeypatch, method):
     """Drafts drawn from q^3 (renormalised) while q is reported: the test must reject."""
     target, draft, law = models
     honest = drafting.sample_rows
     monkeypatch.setattr(drafting, "sample_rows", lambda w, u: honest(w**3, u))
-    assert fit_pvalue(sample_pairs(target, draft, rule=rule, gamma=2), law) < ALPHA
+    assert fit_pvalue(sample_pairs(target, draft, **method), law) < ALPHA

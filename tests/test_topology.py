@@ -53,6 +53,21 @@ def test_the_forms_of_a_tree_agree():
         assert Tree.named(name, size=8).size == 8    # a prefix of the list is a tree
 
 
+def test_a_tree_from_a_command_line_spec(tmp_path):
+    assert Tree.from_spec("3,2,1") == Tree.from_branching([3, 2, 1])
+    assert Tree.from_spec("eagle:8", "topk") == Tree.named("eagle", size=8)
+    assert Tree.from_spec("medusa").size == 63
+    f = tmp_path / "t.json"
+    f.write_text("[[0], [1], [0, 0]]")
+    assert Tree.from_spec(str(f)).parent == (-1, -1, 0)
+    assert Tree.from_branching([2, 2]).path_to(5) == [1, 5] and Tree.chain(2).path_to(-1) == []
+    for spec, match in (("3,a", "per-depth widths"), ("eagle:x", "must be an int"),
+                        ("eagle:0", "size must be"), (str(tmp_path / "no.json"), "tree file"),
+                        ("0,2", "positive ints")):
+        with pytest.raises(ValueError, match=match):
+            Tree.from_spec(spec)
+
+
 @pytest.mark.parametrize("make, match", [
     (lambda: Tree(()), "at least one node"),
     (lambda: Tree((-1, 2, 1)), "earlier node"),
@@ -342,3 +357,50 @@ def test_the_twin_samples_the_numpy_walks_law_on_a_topology():
     exp = np.array([ref.get(k, 0) for k in keys], dtype=float)
     table = np.stack([obs, exp])
     assert stats.chi2_contingency(table[:, table.sum(0) > 0])[1] > 1e-4
+
+
+# ----------------------------------------------------------------------------- predictions
+def _fillings(tree: Tree, draft, context=()):
+    """Every way to fill ``tree`` by its child law, with its probability (small V)."""
+    out = [((), 1.0)]
+    for n in range(tree.size):
+        a = tree.parent[n]
+        nxt = []
+        for toks, w in out:
+            q = draft(context + tuple(toks[m] for m in tree.path_to(a)))
+            earlier = [toks[m] for m in tree.kids[a] if m < n]
+            left = 1.0 - (q[earlier].sum() if tree.children == "distinct" else 0.0)
+            for x in np.flatnonzero(q > 0):
+                if tree.children == "distinct" and x in earlier:
+                    continue
+                nxt.append((toks + (int(x),), w * q[x] / left))
+        out = nxt
+    return out
+
+
+@pytest.mark.parametrize("name, tree", [
+    ("rrs", Tree.from_branching([2, 2])),
+    ("rrs", Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])),
+    ("rrs", Tree.from_branching([2, 1], children="distinct")),
+    ("token", Tree.chain(3)),
+])
+def test_the_conditional_tokens_of_a_drafted_tree_average_to_its_exact_value(name, tree):
+    """``conditional_tree_tokens`` (the engine's per-step prediction) is the expectation over
+    the coins given the drafted tree: averaged over every filling of the tree with its
+    probability, it is the tree's exact tokens per call."""
+    from coupling.sequence.predict import conditional_tokens, conditional_tree_tokens
+
+    t, d = pair(3, 13)
+    total = 0.0
+    for toks, w in _fillings(tree, d):
+        rows = [()] + [tuple(toks[m] for m in tree.path_to(n)) for n in range(tree.size)]
+        P, Q = np.array([t(r) for r in rows]), np.array([d(r) for r in rows])
+        value = conditional_tree_tokens(name, tree, toks, P, Q)
+        if tree.chains() == (1, tree.size, True):        # a chain: the path law's value
+            x = np.array(toks)
+            assert value == pytest.approx(conditional_tokens(
+                name, x[None], P[None], Q[None, :-1], 0), abs=1e-12)
+        total += w * value
+    assert total == pytest.approx(coupling.block_efficiency(name, t, d, tree=tree), abs=1e-12)
+    with pytest.raises(ValueError, match="try_law"):
+        conditional_tree_tokens("kseq", tree, toks, P, Q)

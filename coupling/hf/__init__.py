@@ -12,7 +12,11 @@ prepares the inputs, the target's cache, the logits processors and the stopping 
 then hands the decoding loop to it. Each step drafts ``num_drafts`` branches of ``gamma``
 tokens per row with ``assistant_model``, scores every branch with one target call, and lets
 ``rule`` decide, through the batched torch verifiers (:func:`coupling.verify`), how many
-drafted tokens each row keeps and which token follows them. The Hub-style folder
+drafted tokens each row keeps and which token follows them. ``tree=`` a
+:class:`coupling.Tree` of another shape (Medusa's, EAGLE's, ``Tree.from_branching([3, 2,
+1])``) drafts that tree level by level instead and scores it in the same one call, one model
+row per root-to-leaf path (the rows a model without tree attention needs; a rule verifies it
+node by node, :func:`coupling.rules.topology.check_tree_rule`). The Hub-style folder
 ``custom_generate/`` at the repository root calls the same function
 (``generate(custom_generate="<repo>", trust_remote_code=True, ...)``).
 

@@ -10,7 +10,8 @@ from transformers import DynamicCache
 from transformers.generation.utils import GenerationMixin
 
 from ..rules import verify
-from .drafting import Tree, draft_tree
+from ..tree import Tree
+from .drafting import Leaves, draft_topology, draft_tree
 from .options import Options, check_options, row_seeds
 from .output import SpeculativeDecoderOnlyOutput, Stats
 from .processors import Laws
@@ -27,7 +28,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
              generation_config=None, synced_gpus: bool = False, streamer=None,
              assistant_model=None, *, rule: str = "block", num_drafts: int = 1, gamma: int = 4,
              replacement: bool = True, seed: int | Sequence[int] | torch.Tensor | None = None,
-             **model_kwargs):
+             tree: Tree | None = None, **model_kwargs):
     """Speculative decoding with a verification rule of :mod:`coupling`, inside ``generate``.
 
     Called by ``model.generate(input_ids, assistant_model=draft,
@@ -45,6 +46,12 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
     replacement : i.i.d. branches (True) or distinct first tokens (False: successive draws, or
         the rule's own draft law, e.g. ``greedy``, ``spechub``).
     seed : ``None``, an int, or one int per row (:func:`coupling.hf.row_seeds`).
+    tree : a static draft tree of any shape (:class:`coupling.Tree`) instead of
+        ``num_drafts`` chains of ``gamma``, for a rule that verifies it node by node
+        (``rrs``, ``kseq``, ``optimal``, ``token`` on chains, ``strict`` on top-k children,
+        ...: :func:`coupling.rules.topology.check_tree_rule`). Each step drafts it level by
+        level (:func:`.drafting.draft_topology`) and scores it in one target call, one model
+        row per root-to-leaf path.
     """
     if generation_config is None or logits_processor is None or stopping_criteria is None:
         raise TypeError("coupling.hf.generate is a decoding method: call it as "
@@ -52,7 +59,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
     found = _generate_call_arguments()
     draft = assistant_model if assistant_model is not None else found.get("assistant_model")
     streamer = streamer if streamer is not None else found.get("streamer")
-    opts = check_options(rule, num_drafts, gamma, replacement, generation_config.do_sample)
+    opts = check_options(rule, num_drafts, gamma, replacement, generation_config.do_sample, tree)
     mask = _check_call(model, draft, input_ids, generation_config, model_kwargs, streamer,
                        synced_gpus)
     cache = check_cache(model_kwargs.get("cache", model_kwargs.get("past_key_values")), "target")
@@ -147,12 +154,16 @@ class _Run:
     def __init__(self, model, draft, cache, input_ids, mask, laws: Laws, criteria, config,
                  opts: Options, seeds: torch.Tensor, streamer) -> None:
         B, P = input_ids.shape
-        k, g = opts.num_drafts, opts.gamma
         dev = input_ids.device
+        self.leaves = Leaves.of(opts.tree, dev) if opts.tree is not None else None
+        # model rows per input row: one per chain, or one per root-to-leaf path of the tree
+        k = self.leaves.rows if self.leaves is not None else opts.num_drafts
+        g = opts.gamma
+        self.width = k
         self.laws, self.criteria, self.config, self.opts = laws, criteria, config, opts
         self.seeds, self.streamer = seeds.to(dev), streamer
         self.limit = config.max_length
-        self.rule_kwargs = {"replacement": opts.replacement}
+        self.rule_kwargs = {} if opts.tree is not None else {"replacement": opts.replacement}
         self.seq = torch.zeros(B, max(self.limit, P + 1) + g + 1, dtype=torch.long, device=dev)
         self.seq[:, :P] = input_ids
         self.cur = torch.full((B,), P, dtype=torch.long, device=dev)
@@ -160,7 +171,7 @@ class _Run:
         self.rows = torch.arange(B, device=dev)
         self.out: list[list[int]] = [[] for _ in range(B)]
         self.kept_scores: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(B)]
-        self.stats = Stats(B, g, k)
+        self.stats = Stats(B, g, opts.tree.size if opts.tree is not None else g * k)
         draft_cache = check_cache(DynamicCache(config=draft.config.get_text_config(decoder=True)),
                                   "draft")
         self.target = RaggedCache(model, cache, B, dev)
@@ -177,25 +188,42 @@ class _Run:
 
     def step(self) -> None:
         """Draft, verify, emit and stop, for every active row."""
-        k, g = self.opts.num_drafts, self.opts.gamma
+        k, g = self.width, self.opts.gamma
         A = self.rows.numel()
         cur = self.cur.repeat_interleave(k)
         ext = self.seq.repeat_interleave(k, 0)  # each branch's sequence; drafts go after it
         batch_rows = self.rows.repeat_interleave(k)
-        tree = draft_tree(self.draft, self.laws, self.opts, self.feed, ext, cur, batch_rows,
-                          self.seeds, self.real)
+        args = (self.draft, self.laws, self.opts, self.feed, ext, cur, batch_rows, self.seeds,
+                self.real)
+        if self.leaves is None:
+            tree = draft_tree(*args)
+            drafts, q = tree.drafts, tree.q
+            real = None
+        else:
+            drafts, q = draft_topology(*args)
+            real = (torch.arange(g + 1, device=cur.device).unsqueeze(0)
+                    <= self.leaves.length.repeat(A).unsqueeze(1)).to(torch.long)
         cols = cur.unsqueeze(1) - 1 + torch.arange(g + 1, device=cur.device)  # last token, drafts
         tokens = ext.gather(1, cols)
-        raw = self.target.forward(tokens, torch.ones_like(tokens))  # [A*k, g+1, V]
-        V = raw.shape[-1]
-        if V != tree.q.shape[-1]:
+        raw = self.target.forward(tokens, torch.ones_like(tokens) if real is None else real)
+        V = raw.shape[-1]                                            # raw [A*k, g+1, V]
+        if V != q.shape[-1]:
             raise ValueError(f"the target's logits have {V} entries and the draft's "
-                             f"{tree.q.shape[-1]}: the models must share one vocabulary")
+                             f"{q.shape[-1]}: the models must share one vocabulary")
         scores, p = self.laws(ext.repeat_interleave(g + 1, 0), (cols + 1).reshape(-1),
                               batch_rows.repeat_interleave(g + 1), raw.reshape(-1, V))
-        verdict = verify(self.opts.rule, tree.drafts, p.view(A, k, g + 1, V), tree.q,
-                         seeds=self.seeds, positions=self.real, **self.rule_kwargs)
-        n, branch = verdict.accepted, verdict.branch
+        p = p.view(A, k, g + 1, V)
+        if self.leaves is None:
+            verdict = verify(self.opts.rule, drafts, p, q, seeds=self.seeds,
+                             positions=self.real, **self.rule_kwargs)
+            n, branch = verdict.accepted, verdict.branch
+            last = drafts[torch.arange(A, device=n.device), branch, g - 1]
+        else:   # node n's laws are those of the first leaf row through it, at its depth
+            verdict = verify(self.opts.rule, drafts, p[:, self.leaves.row, self.leaves.offset],
+                             q, tree=self.opts.tree, seeds=self.seeds, positions=self.real)
+            n, node = verdict.accepted, verdict.branch
+            branch = self.leaves.row[node + 1]
+            last = drafts.gather(1, node.clamp(min=0).unsqueeze(1)).squeeze(1)
         self.stats.record(self.rows.cpu(), n)
         chosen = torch.arange(A, device=n.device) * k + branch
         if k > 1:  # every branch's cache continues from the emitted one
@@ -206,7 +234,7 @@ class _Run:
         self.draft.keep(g - 1, n.clamp(max=g - 1).repeat_interleave(k))
         emitted = self._emit(verdict.tokens, n + 1, scores.view(A * k, g + 1, V)[chosen],
                              raw[chosen])
-        self._next_feed(tree, verdict.next_token, n, branch)
+        self._next_feed(last, verdict.next_token, n)
         self._retire(emitted)
 
     def _emit(self, tokens: torch.Tensor, count: torch.Tensor, scores: torch.Tensor,
@@ -232,15 +260,14 @@ class _Run:
         self.real = self.real + count
         return stop >= 0
 
-    def _next_feed(self, tree: Tree, z: torch.Tensor, n: torch.Tensor,
-                   branch: torch.Tensor) -> None:
+    def _next_feed(self, last: torch.Tensor, z: torch.Tensor, n: torch.Tensor) -> None:
         """What the draft cache lacks: the emitted token, after the last draft if all were
-        accepted (that draft was never fed); elsewhere a masked column keeps the batch square."""
-        k, g = self.opts.num_drafts, self.opts.gamma
+        accepted (``last [A]``, the deepest accepted draft: it was never fed); elsewhere a
+        masked column keeps the batch square."""
+        k, g = self.width, self.opts.gamma
         full = n == g
         if bool(full.any()):
-            rows = torch.arange(n.numel(), device=n.device)
-            last = torch.where(full, tree.drafts[rows, branch, g - 1], 0)
+            last = torch.where(full, last, 0)
             tokens = torch.stack([last, z], 1)
             real = torch.stack([full.to(torch.long), torch.ones_like(z)], 1)
         else:
@@ -251,7 +278,7 @@ class _Run:
         """Drop the rows that stopped from every per-row tensor and both caches."""
         if not bool(stopped.any()):
             return
-        k = self.opts.num_drafts
+        k = self.width
         alive = torch.nonzero(~stopped).squeeze(1)
         model_rows = (alive.unsqueeze(1) * k + torch.arange(k, device=alive.device)).reshape(-1)
         for name in ("rows", "seq", "cur", "real", "seeds"):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .. import tree as topology
 from ..keyed import STREAM_DRAFT
 from ..rules import RULES
 from ..torch_backend import sample_rows, uniforms
@@ -29,11 +30,11 @@ from .options import Options
 from .processors import Laws
 from .ragged import RaggedCache
 
-__all__ = ["Tree", "draft_tree", "draw"]
+__all__ = ["Chains", "Leaves", "draft_tree", "draft_topology", "draw"]
 
 
 @dataclass
-class Tree:
+class Chains:
     """``drafts [B, k, g]`` and their laws ``q [B, k, g, V]``."""
 
     drafts: torch.Tensor
@@ -42,7 +43,7 @@ class Tree:
 
 def draft_tree(draft: RaggedCache, laws: Laws, opts: Options, feed: tuple[torch.Tensor, ...],
                ext: torch.Tensor, cur: torch.Tensor, batch_rows: torch.Tensor,
-               seeds: torch.Tensor, starts: torch.Tensor) -> Tree:
+               seeds: torch.Tensor, starts: torch.Tensor) -> Chains:
     """Draft every branch of every row.
 
     ``feed = (tokens, real)`` ``[R, m]``: what the draft cache still lacks before the first
@@ -70,7 +71,7 @@ def draft_tree(draft: RaggedCache, laws: Laws, opts: Options, feed: tuple[torch.
         qs.append(q)
         tokens, real = x.unsqueeze(1), torch.ones_like(x).unsqueeze(1)
     B = R // k
-    return Tree(torch.stack(drafts, 1).view(B, k, g), torch.stack(qs, 1).view(B, k, g, -1))
+    return Chains(torch.stack(drafts, 1).view(B, k, g), torch.stack(qs, 1).view(B, k, g, -1))
 
 
 def draw(q: torch.Tensor, i: int, opts: Options, u: torch.Tensor | None, seeds: torch.Tensor,
@@ -112,3 +113,107 @@ def _distinct_first(q0: torch.Tensor, u: torch.Tensor, rule: str) -> torch.Tenso
         w.scatter_(1, x.unsqueeze(1), 0.0)
         out.append(x)
     return torch.stack(out, 1).reshape(-1)
+
+
+@dataclass(frozen=True)
+class Leaves:
+    """A static tree (:class:`coupling.Tree`) laid out as one model row per leaf: row ``l``
+    holds the path from the root to leaf ``l``, its tokens at offsets ``0..depth - 1``
+    (holes after a short path)."""
+
+    path: torch.Tensor    # [L, depth] the node at each offset of each leaf's path, -1 after it
+    length: torch.Tensor  # [L] the path's length (its leaf's depth)
+    row: torch.Tensor     # [N + 1] the first leaf whose path holds each node (the root first)
+    offset: torch.Tensor  # [N + 1] each node's depth (0 for the root)
+
+    @classmethod
+    def of(cls, tree: topology.Tree, device: torch.device) -> Leaves:
+        leaves = [n for n in range(tree.size) if not tree.kids[n]]
+        path = torch.full((len(leaves), tree.depth), -1, dtype=torch.long)
+        row = [0] * (tree.size + 1)
+        for i, leaf in reversed(list(enumerate(leaves))):    # the first leaf wins
+            nodes = tree.path_to(leaf)
+            path[i, :len(nodes)] = torch.tensor(nodes)
+            for n in nodes:
+                row[1 + n] = i
+        length = (path >= 0).sum(1)
+        offset = torch.tensor([0, *tree.depths], dtype=torch.long)
+        return cls(path.to(device), length.to(device), torch.tensor(row, device=device),
+                   offset.to(device))
+
+    @property
+    def rows(self) -> int:
+        return self.path.shape[0]
+
+
+def draft_topology(draft: RaggedCache, laws: Laws, opts: Options, feed: tuple[torch.Tensor, ...],
+                   ext: torch.Tensor, cur: torch.Tensor, batch_rows: torch.Tensor,
+                   seeds: torch.Tensor, starts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fill ``opts.tree`` for every row, level by level: one draft call per level feeds each
+    leaf row the node of its path at that depth, giving the law after it; the children of a
+    node are drawn from the law its first leaf row computed, by the tree's child law, node
+    ``n`` with the keyed uniform ``U(seed, t, STREAM_DRAFT, n)`` (the chain layout's numbers
+    on ``Tree.from_chains``). Returns ``drafts [B, N]`` in node order and ``q [B, N + 1, V]``
+    (:mod:`coupling.rules.topology`'s layout; a node of the deepest level is never fed and
+    gets the root's law, a row the walk never reads). Shapes as in :func:`draft_tree`, with
+    ``R = B L`` model rows, ``L`` the tree's leaves."""
+    tree = opts.tree
+    lv = Leaves.of(tree, ext.device)
+    L, D, N = lv.rows, tree.depth, tree.size
+    R = ext.shape[0]
+    B = R // L
+    rows = torch.arange(R, device=ext.device)
+    u = None
+    if opts.do_sample and tree.children != "topk":
+        u = uniforms(seeds, starts, N, stream=STREAM_DRAFT).to(ext.device)   # [B, N]
+    drafts = torch.zeros(B, N, dtype=torch.long, device=ext.device)
+    levels: list[torch.Tensor] = []                  # [B, L, V]: the law after offset d
+    tokens, real = feed
+    for d in range(D):
+        logits = draft.forward(tokens, real, last_only=True)[:, 0]
+        _, q = laws(ext, cur + d, batch_rows, logits)
+        levels.append(q.view(B, L, -1))
+        for a in [-1] if d == 0 else [n for n in range(N) if tree.depths[n] == d]:
+            kids = list(tree.kids[a])
+            if kids:
+                law = levels[d][:, int(lv.row[1 + a])]                          # [B, V]
+                drafts[:, kids] = _children(law, len(kids), u[:, kids] if u is not None
+                                            else None, tree.children, opts.do_sample)
+        node = lv.path[:, d]                                                    # [L]
+        x = drafts[:, node.clamp(min=0)].reshape(-1)                            # [R]
+        here = (node >= 0).repeat(B)
+        ext[rows[here], (cur + d)[here]] = x[here]
+        tokens, real = x.unsqueeze(1), here.to(torch.long).unsqueeze(1)
+    stacked = torch.stack(levels, 2)                                            # [B, L, D, V]
+    offset = lv.offset.clamp(max=D - 1)
+    q = stacked[:, lv.row, offset]                                              # [B, N + 1, V]
+    deepest = lv.offset == D
+    q[:, deepest] = stacked[:, :1, 0]
+    return drafts, q
+
+
+def _children(law: torch.Tensor, m: int, u: torch.Tensor | None, children: str,
+              do_sample: bool) -> torch.Tensor:
+    """``m`` children of a node per row from ``law [B, V]``: i.i.d. inverse-CDF draws with the
+    uniforms ``u [B, m]``, successive draws without replacement, or the ``m`` likeliest tokens
+    (``children="topk"``, or greedy laws). Returns ``[B, m]``."""
+    B = law.shape[0]
+    if children == "topk":
+        return law.topk(m, -1).indices
+    if not do_sample:
+        return law.argmax(-1, keepdim=True).expand(B, m)
+    if children == "iid":
+        return sample_rows(law.repeat_interleave(m, 0), u.reshape(-1)).view(B, m)
+    support = (law > 0).sum(-1)
+    if bool((support < m).any()):
+        raise ValueError(f"the tree has a node with {m} children drawn without replacement, "
+                         f"but the draft's processed law has only {int(support.min())} token(s) "
+                         "of positive probability at some row (top-k, top-p or min-p cut it); "
+                         "use fewer children or children='iid'")
+    w = law.to(torch.float64).clone()
+    out = []
+    for j in range(m):
+        x = sample_rows(w, u[:, j])
+        w.scatter_(1, x.unsqueeze(1), 0.0)
+        out.append(x)
+    return torch.stack(out, 1)

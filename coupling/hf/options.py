@@ -9,8 +9,11 @@ import torch
 
 from .. import keyed
 from ..dist import validate_count, validate_replacement
+from ..keyed import MAX_DRAFTS
 from ..rules import RULES, unknown_rule
+from ..rules.topology import check_tree_rule
 from ..torch_backend import check_inputs
+from ..tree import Tree
 
 __all__ = ["Options", "check_options", "row_seeds", "GREEDY_RULES", "SEED_STREAM"]
 
@@ -26,13 +29,16 @@ SEED_STREAM = 1 << 20
 class Options:
     """``rule`` verifies ``num_drafts`` branches of ``gamma`` drafted tokens each; branches are
     i.i.d. (``replacement=True``) or have distinct first tokens; ``do_sample=False`` verifies
-    greedy laws."""
+    greedy laws. Or it verifies a static ``tree`` node by node."""
 
     rule: str
     num_drafts: int
     gamma: int
     replacement: bool
     do_sample: bool
+    #: a static draft tree that is no tree of chains (``gamma`` is then its depth); ``None``
+    #: for ``num_drafts`` chains of ``gamma``
+    tree: Tree | None = None
 
 
 def _support_text(rule: str, k: int, replacement: bool) -> str | None:
@@ -42,13 +48,32 @@ def _support_text(rule: str, k: int, replacement: bool) -> str | None:
 
 
 def check_options(rule: str, num_drafts: int, gamma: int, replacement: bool,
-                  do_sample: bool) -> Options:
-    """Validate the method's parameters (``ValueError`` naming the argument and the fix)."""
+                  do_sample: bool, tree: Tree | None = None) -> Options:
+    """Validate the method's parameters (``ValueError`` naming the argument and the fix).
+
+    A ``tree`` of chains (``Tree.from_chains(k, gamma)``) becomes ``num_drafts=k``,
+    ``gamma``, ``replacement``: the chain loop, bit for bit."""
     if not isinstance(rule, str) or rule not in RULES:
         raise ValueError(f"rule=: {unknown_rule(rule, RULES)}")
     if not RULES[rule].lossless:
         raise ValueError(f"rule={rule!r} is not a lossless verification rule; choose one of "
                          f"{sorted(n for n, r in RULES.items() if r.lossless)}")
+    if tree is not None:
+        if not isinstance(tree, Tree):
+            raise TypeError(f"tree must be a coupling.Tree, got {type(tree).__name__}")
+        if num_drafts != 1:
+            raise ValueError(f"num_drafts={num_drafts} and tree= both shape the draft; give the "
+                             "branches in the tree (Tree.from_chains(k, gamma)) and leave "
+                             "num_drafts out")
+        check_tree_rule(RULES[rule], tree)
+        chains = tree.chains()
+        if chains is not None:
+            return check_options(rule, chains[0], chains[1], chains[2], do_sample)
+        if not do_sample and not RULES[rule].greedy_ok:
+            raise ValueError(f"rule={rule!r} couples sampled drafts, but do_sample=False asks "
+                             "for greedy decoding; pass do_sample=True")
+        tree_layout_limits(tree)
+        return Options(rule, 1, tree.depth, tree.children != "distinct", bool(do_sample), tree)
     k = validate_count(num_drafts, "num_drafts", "(draft branches per step)")
     g = validate_count(gamma, "gamma", "(drafted tokens per branch and step)")
     replacement = validate_replacement(replacement)
@@ -65,6 +90,14 @@ def check_options(rule: str, num_drafts: int, gamma: int, replacement: bool,
             f"decoding; pass do_sample=True, or rule={' / '.join(map(repr, GREEDY_RULES))} "
             "for greedy verification")
     return Options(rule, k, g, replacement, bool(do_sample))
+
+
+def tree_layout_limits(tree: Tree) -> None:
+    """The keyed numbers' limit on a tree (``MAX_DRAFTS`` nodes at one depth), checked before
+    any model call."""
+    if max(tree.columns) >= MAX_DRAFTS:
+        raise ValueError(f"tree= has {max(tree.columns) + 1} nodes at one depth; the keyed coins "
+                         f"take at most {MAX_DRAFTS}")
 
 
 def row_seeds(seed: int | Sequence[int] | torch.Tensor | None, batch_size: int) -> torch.Tensor:

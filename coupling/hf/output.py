@@ -25,10 +25,10 @@ class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
         Verification calls of the row (vLLM's ``num_drafts``; renamed because ``num_drafts``
         is the number of draft branches here).
     num_draft_tokens : int64 ``[B]``
-        Tokens drafted: ``num_drafts * gamma`` per step.
+        Tokens drafted: ``num_drafts * gamma`` per step (a tree's nodes with ``tree=``).
     num_accepted_tokens : int64 ``[B]``
         Drafted tokens accepted (the emitted path's).
-    num_accepted_tokens_per_pos : int64 ``[B, gamma]``
+    num_accepted_tokens_per_pos : int64 ``[B, gamma]`` (``[B, tree.depth]`` with ``tree=``)
         Steps that accepted at least ``i + 1`` drafted tokens, at column ``i``.
     mean_acceptance_length : float64 ``[B]``
         Tokens emitted per verification call, ``1 + num_accepted_tokens / num_steps``
@@ -48,11 +48,13 @@ class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
 class Stats:
     """Per-row counters of one run (rows in the batch's original order)."""
 
-    def __init__(self, batch_size: int, gamma: int, num_drafts: int) -> None:
+    def __init__(self, batch_size: int, depth: int, drafted: int) -> None:
+        """``depth``: the most drafted tokens one step can accept; ``drafted``: tokens drafted
+        per step."""
         self.steps = torch.zeros(batch_size, dtype=torch.long)
         self.accepted = torch.zeros(batch_size, dtype=torch.long)
-        self.per_pos = torch.zeros(batch_size, gamma, dtype=torch.long)
-        self.tokens_per_step = gamma * num_drafts
+        self.per_pos = torch.zeros(batch_size, depth, dtype=torch.long)
+        self.tokens_per_step = drafted
 
     def record(self, rows: torch.Tensor, accepted: torch.Tensor) -> None:
         """One verification call of each of ``rows`` (original indices), ``accepted`` each."""

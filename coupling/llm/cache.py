@@ -27,7 +27,8 @@ import torch
 from .models import GROUPED_SDPA
 
 __all__ = ["CachedLM", "TREE_ATTENTION", "TREE_MODEL_TYPES", "check_prompt", "common_prefix",
-           "prefill", "supports_tree", "tree_mask", "vocab_size"]
+           "prefill", "supports_tree", "tree_mask", "ancestor_mask", "chain_parents",
+           "vocab_size"]
 
 
 def check_prompt(prompt: list[int], vocab_size: int | None) -> list[int]:
@@ -68,19 +69,50 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return lo
 
 
-def tree_mask(cached: int, fed: int, k: int, g: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive attention mask ``[fed + k g, cached + fed + k g]`` of a tree call
-    (:meth:`CachedLM.forward_tree`): every new token sees the cache; ``fed`` tokens see each
-    other causally; branch ``j``'s tokens see ``fed`` and their own branch causally.
+def chain_parents(k: int, g: int) -> list[int]:
+    """Parent pointers of ``k`` branches of ``g`` tokens laid out branch after branch (the
+    layout of :meth:`CachedLM.forward_tree`): entry ``j g + i`` continues ``j g + i - 1``."""
+    return [-1 if i == 0 else j * g + i - 1 for j in range(k) for i in range(g)]
 
-    Float, not boolean: the sdpa and eager attention paths read it the same way."""
-    n = fed + k * g
-    among_new = torch.zeros(n, n, dtype=torch.bool)
-    among_new[:, :fed] = True                                      # everyone sees feed ...
-    among_new[:fed, :fed] = torch.ones(fed, fed, dtype=torch.bool).tril()    # ... causally
-    among_new[fed:, fed:] = torch.block_diag(*[torch.ones(g, g, dtype=torch.bool).tril()] * k)
-    allowed = torch.cat([torch.ones(n, cached, dtype=torch.bool), among_new], 1)
+
+def ancestor_mask(cached: int, fed: int, parent: list[int], dtype: torch.dtype,
+                  pending: list[int] | None = None) -> torch.Tensor:
+    """Additive attention mask ``[fed + n, cached + P + fed + n]`` of a call that appends
+    ``fed`` committed tokens (causal among themselves) and ``n`` tree entries after ``P``
+    pending ones: ``parent`` (``pending + parent`` indexes all ``P + n`` entries, ``-1`` the
+    committed text). An entry sees the cache, the committed tokens, its ancestors and itself.
+
+    Float, not boolean: the sdpa and eager attention paths read it the same way.
+
+    >>> ancestor_mask(1, 1, [-1, 0, -1], torch.float32).eq(0).int().tolist()
+    [[1, 1, 0, 0, 0], [1, 1, 1, 0, 0], [1, 1, 1, 1, 0], [1, 1, 0, 0, 1]]
+    """
+    pending = list(pending or [])
+    links = pending + list(parent)
+    P, n = len(pending), len(parent)
+    if P and fed:       # the pending entries come before the committed ones in the cache
+        raise ValueError("committed tokens cannot follow pending tree entries; keep a path "
+                         "(CachedLM.select_path) first")
+    sees = torch.zeros(n, P + n, dtype=torch.bool)
+    for e in range(n):
+        a = P + e
+        while a >= 0:
+            sees[e, a] = True
+            a = links[a]
+    allowed = torch.zeros(fed + n, cached + P + fed + n, dtype=torch.bool)
+    allowed[:, :cached] = True
+    allowed[:fed, cached + P:cached + P + fed] = torch.ones(fed, fed, dtype=torch.bool).tril()
+    allowed[fed:, cached + P:cached + P + fed] = True
+    allowed[fed:, cached:cached + P] = sees[:, :P]
+    allowed[fed:, cached + P + fed:] = sees[:, P:]
     return torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+
+
+def tree_mask(cached: int, fed: int, k: int, g: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive attention mask ``[fed + k g, cached + fed + k g]`` of a call on ``k`` branches
+    of ``g`` tokens (:meth:`CachedLM.forward_tree`): :func:`ancestor_mask` on
+    :func:`chain_parents`."""
+    return ancestor_mask(cached, fed, chain_parents(k, g), dtype)
 
 
 class CachedLM:
@@ -101,8 +133,9 @@ class CachedLM:
         # final-normed hidden states [rows, len(tokens), d], kept only for feature drafters
         self.keep_features = False
         self.feats: torch.Tensor | None = None
-        # (cache length before the branches, branch tokens) between forward_tree / select_branch
-        self.tree: tuple[int, list[list[int]]] | None = None
+        # (cache length before the tree, its pending tokens, their parents) between
+        # forward_nodes / forward_tree and select_path / select_branch
+        self.pending: tuple[int, list[int], list[int]] | None = None
 
     @property
     def device(self) -> torch.device:
@@ -114,7 +147,7 @@ class CachedLM:
         self.cache = DynamicCache()
         self.tokens = [[]]
         self.feats = None
-        self.tree = None
+        self.pending = None
 
     def sync(self, seq: list[int]) -> list[int]:
         """Crop the cache to the longest common prefix with ``seq``; return the tokens to feed.
@@ -122,7 +155,7 @@ class CachedLM:
         Keeps at most ``len(seq) - 1`` tokens so that at least one token is fed and the logits
         of the next position come out of the next forward pass.
         """
-        if len(self.tokens) != 1 or self.tree is not None:
+        if len(self.tokens) != 1 or self.pending is not None:
             raise RuntimeError("sync needs a single-row cache; call select() / select_branch() "
                                "after a branch step")
         held = self.tokens[0]
@@ -140,8 +173,9 @@ class CachedLM:
         """Append ``ids`` [rows, n] to the cache; return logits [rows, n, V] (model dtype), or
         [rows, 1, V] of the last position only with ``last_only`` (the head is skipped on the
         others: a fifth of SmolLM2's weights, and most of a one-layer draft's)."""
-        if self.tree is not None:
-            raise RuntimeError("a forward_tree call is pending; call select_branch() first")
+        if self.pending is not None:
+            raise RuntimeError("tree entries are pending; call select_path() or "
+                               "select_branch() first")
         if ids.shape[0] != len(self.tokens):
             raise ValueError(f"ids has {ids.shape[0]} rows but the cache holds {len(self.tokens)}")
         logits = self._call(ids, logits_to_keep=1) if last_only else self._call(ids)
@@ -161,7 +195,8 @@ class CachedLM:
             h = out.hidden_states[-1]                   # final-normed: logits = lm_head(h)
             self.feats = h if self.feats is None or self.feats.shape[1] == 0 else \
                 torch.cat([self.feats, h], 1)
-            if self.feats.shape[1] != len(self.tokens[0]) + ids.shape[1]:
+            pending = len(self.pending[1]) if self.pending is not None else 0
+            if self.feats.shape[1] != len(self.tokens[0]) + pending + ids.shape[1]:
                 raise RuntimeError("feature store out of step with the cache; call reset()")
         return out.logits
 
@@ -178,17 +213,45 @@ class CachedLM:
         self.tokens = [list(self.tokens[0]) for _ in range(rows)]
 
     @torch.no_grad()
+    def forward_nodes(self, feed: list[int], tokens: list[int],
+                      parent: list[int]) -> torch.Tensor:
+        """Append committed ``feed`` tokens and tree entries ``tokens`` in one call of a single
+        row; return their logits ``[len(feed) + len(tokens), V]``.
+
+        ``parent[e]`` is entry ``e``'s parent among all pending entries (those of earlier
+        calls first, then these; ``-1``: the committed text). An entry attends to the cache,
+        to ``feed``, to its ancestors and to itself, and takes the position it would have on
+        its own path, so its logits are those of the committed text followed by its path
+        (:func:`ancestor_mask`). Entries stay pending, over as many calls as a drafter needs
+        to grow a tree level by level, until :meth:`select_path` keeps one path of them.
+        """
+        if len(self.tokens) != 1:
+            raise RuntimeError("tree entries need a single-row cache")
+        base, held, links = self.pending if self.pending is not None else (None, [], [])
+        if base is not None and feed:
+            raise ValueError("committed tokens cannot follow pending tree entries; call "
+                             "select_path() first")
+        n0, f = len(self.tokens[0]), len(feed)
+        top = n0 + f if base is None else base
+        all_links = links + list(parent)
+        depth: list[int] = []
+        for a in all_links:
+            depth.append(1 if a < 0 else depth[a] + 1)
+        pos = torch.cat([torch.arange(n0, n0 + f),
+                         torch.tensor(depth[len(links):], dtype=torch.long) + top - 1])
+        mask = ancestor_mask(n0 if base is None else base, f, list(parent),
+                             next(self.model.parameters()).dtype, links)
+        ids = torch.tensor([list(feed) + list(tokens)], dtype=torch.long)
+        logits = self._call(ids, position_ids=pos[None].to(self.device),
+                            attention_mask=mask[None, None].to(self.device))
+        self.tokens = [self.tokens[0] + list(feed)]
+        self.pending = (top, held + list(tokens), all_links)
+        return logits[0]
+
     def forward_tree(self, feed: list[int],
                      drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Score k draft branches in one call of a single row, by tree attention.
-
-        The row is ``[feed, branch_0, ..., branch_{k-1}]`` (``1 + k * g`` tokens when one token
-        is fed). A branch's token attends to the cached prefix, to ``feed`` and to its own
-        branch's earlier tokens, and takes the position it would have in its branch alone, so
-        its logits are those of the sequence ``prefix + feed + branch_j``:
-
-            mask[a, b] = 1  iff  b is cached, or b <= a within feed, or a in branch j and
-                                 (b in feed, or b in branch j with b <= a)
+        """Score k draft branches of ``g`` tokens in one call of a single row, by tree
+        attention (:meth:`forward_nodes` on the branches laid out one after another).
 
         Returns ``(logits, rows)``: logits [1 + k * g, V] of the last fed token and of the
         branch tokens in row order, and int64 rows [k, g + 1] with ``logits[rows[j]]`` branch
@@ -199,53 +262,63 @@ class CachedLM:
         cache, while one row of ``1 + k * g`` tokens costs about what a ``1 + g``-token call
         does (``benchmarks/bench_tree.py``). Call :meth:`select_branch` before the next call.
         """
-        if len(self.tokens) != 1 or self.tree is not None:
+        if len(self.tokens) != 1 or self.pending is not None:
             raise RuntimeError("forward_tree needs a single-row cache with no branch pending")
         k, g = drafts.shape
-        n0, f = len(self.tokens[0]), len(feed)
-        dev = self.device
-        pos = torch.cat([torch.arange(n0, n0 + f), torch.arange(n0 + f, n0 + f + g).repeat(k)])
-        mask = tree_mask(n0, f, k, g, next(self.model.parameters()).dtype)
-        ids = torch.cat([torch.tensor(feed, dtype=torch.long), drafts.reshape(-1).cpu()])[None]
-        logits = self._call(ids, position_ids=pos[None].to(dev),
-                            attention_mask=mask[None, None].to(dev))
-        self.tree = (n0 + f, drafts.tolist())
-        self.tokens = [self.tokens[0] + feed]
+        logits = self.forward_nodes(feed, drafts.reshape(-1).tolist(), chain_parents(k, g))
         rows = torch.cat([torch.zeros(k, 1, dtype=torch.long),
                           1 + torch.arange(k * g).reshape(k, g)], 1)            # [k, g + 1]
-        return logits[0, f - 1:], rows.to(dev)
+        return logits[len(feed) - 1:], rows.to(self.device)
+
+    def select_path(self, entries: list[int]) -> None:
+        """Keep the pending entries ``entries`` (a path: each the parent of the next), in
+        order and contiguous after the committed text; drop every other pending entry.
+
+        Each layer's copy is one indexed gather (an entry's index is at least its depth, so
+        the kept entries only move down); a path of leading entries moves nothing.
+        """
+        if self.pending is None:
+            raise RuntimeError("select_path needs pending tree entries (forward_nodes)")
+        base, held, links = self.pending
+        entries = [int(e) for e in entries]
+        for j, e in enumerate(entries):
+            if not 0 <= e < len(held) or links[e] != (entries[j - 1] if j else -1):
+                raise ValueError(f"entries={entries} is no path of the pending tree from its "
+                                 "root")
+        keep = len(entries)
+        if entries != list(range(keep)):
+            idx = torch.tensor(entries, device=self.device) + base
+            for layer in self.cache.layers:
+                for t in (layer.keys, layer.values):
+                    t.narrow(2, base, keep).copy_(t.index_select(2, idx))
+            if self.feats is not None:
+                self.feats.narrow(1, base, keep).copy_(self.feats.index_select(1, idx))
+        drop = len(held) - keep
+        if drop:
+            self.cache.crop(-drop)
+            if self.feats is not None:
+                self.feats = self.feats[:, :base + keep]
+        self.tokens = [self.tokens[0] + [held[e] for e in entries]]
+        self.pending = None
 
     def select_branch(self, branch: int, keep: int | None = None) -> None:
         """After :meth:`forward_tree`: keep the chosen branch's first ``keep`` entries (all g
         by default), contiguous after feed; the rest of the tree is dropped.
 
         ``keep`` = the accepted length saves copying entries the next :meth:`sync` would crop
-        (a rejected first token keeps none: no copy at all). Each layer's copy is one
-        ``copy_`` between disjoint slices (a later branch starts after the first one ends).
+        (a rejected first token keeps none: no copy at all).
         """
-        if self.tree is None:
+        if self.pending is None:
             raise RuntimeError("select_branch needs a pending forward_tree call")
-        base, branches = self.tree
-        k, g = len(branches), len(branches[0])
+        links = self.pending[2]
+        g = next((e for e in range(1, len(links)) if links[e] < 0), len(links))
+        k = len(links) // g
         if not 0 <= branch < k:
             raise ValueError(f"branch={branch} must be in [0, {k})")
         keep = g if keep is None else keep
         if not 0 <= keep <= g:
             raise ValueError(f"keep={keep} must be in [0, {g}]")
-        src = base + branch * g
-        if branch and keep:
-            for layer in self.cache.layers:
-                for t in (layer.keys, layer.values):
-                    t.narrow(2, base, keep).copy_(t.narrow(2, src, keep))
-            if self.feats is not None:
-                self.feats.narrow(1, base, keep).copy_(self.feats.narrow(1, src, keep))
-        drop = k * g - keep
-        if drop:
-            self.cache.crop(-drop)
-            if self.feats is not None:
-                self.feats = self.feats[:, :base + keep]
-        self.tokens = [self.tokens[0] + branches[branch][:keep]]
-        self.tree = None
+        self.select_path([branch * g + i for i in range(keep)])
 
     def select(self, row: int) -> None:
         """Keep only batch row ``row`` of the cache (the branch the verifier chose)."""
@@ -268,7 +341,7 @@ def prefill(lm: CachedLM, prompt: list[int], *, reuse: bool = False) -> None:
     prompt = check_prompt(prompt, vocab_size(lm.model))
     keeps_feats = not lm.keep_features or (
         lm.feats is not None and lm.feats.shape[1] == len(lm.tokens[0]))
-    if reuse and len(lm.tokens) == 1 and lm.tree is None and keeps_feats:
+    if reuse and len(lm.tokens) == 1 and lm.pending is None and keeps_feats:
         if not lm.keep_features:
             lm.feats = None
         rest = lm.sync(prompt)[:-1]

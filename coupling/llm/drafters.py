@@ -23,13 +23,14 @@ import numpy as np
 import torch
 
 from coupling.dist import validate_count
+from coupling.tree import Tree
 
 from .cache import CachedLM, prefill, vocab_size
 from .rules_adapter import noise_draft
 from .sampling import SamplingConfig, probs
 
 __all__ = ["Drafter", "ModelDrafter", "NgramDrafter", "NoDrafter", "check_confidence",
-           "draft_block", "draw_rows", "sample_chain"]
+           "draft_block", "draft_topology", "draw_children", "draw_rows", "sample_chain"]
 
 
 def check_confidence(confidence: float | None, name: str = "draft_confidence") -> None:
@@ -76,6 +77,16 @@ class ModelDrafter:
 
     def accept(self, branch: int) -> None:
         self.lm.select(branch)
+
+    def propose_tree(self, seq: list[int], tree: Tree, cfg: SamplingConfig,
+                     gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fill a static draft tree (:func:`draft_topology`)."""
+        drafts, q, self._entries = draft_topology(self.lm, seq, tree, cfg, gen)
+        return drafts, q
+
+    def accept_path(self, path: list[int]) -> None:
+        """Keep the accepted nodes' cache entries (those the drafter fed)."""
+        self.lm.select_path([self._entries[n] for n in path if n in self._entries])
 
     @property
     def calls(self) -> int:
@@ -149,6 +160,58 @@ class NoDrafter:
 
     def accept(self, branch):
         pass
+
+
+def draw_children(law: torch.Tensor, m: int, children: str,
+                  gen: torch.Generator) -> torch.Tensor:
+    """``m`` children of a tree node from its draft law ``law [V]`` (:data:`coupling.tree.
+    CHILD_LAWS`): i.i.d. inverse-CDF draws, successive draws without replacement, or the
+    ``m`` likeliest tokens in order. Returns int64 ``[m]``."""
+    if children == "iid":
+        return draw_rows(law.expand(m, -1).contiguous(), gen)
+    if children == "topk":
+        return torch.topk(law, m).indices
+    support = law.nonzero().squeeze(-1)
+    if support.numel() < m:
+        raise ValueError(f"a node has {m} children drawn without replacement, but the draft's "
+                         f"law has {support.numel()} token(s) of positive probability; use "
+                         "fewer children or children='iid'")
+    return support[torch.multinomial(law[support], m, replacement=False, generator=gen)]
+
+
+def draft_topology(lm: CachedLM, seq: list[int], tree: Tree, cfg: SamplingConfig,
+                   gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, dict[int, int]]:
+    """Fill ``tree`` depth by depth with one draft call per depth, by tree attention.
+
+    The children of every node of depth ``d`` are drawn from its law (:func:`draw_children`),
+    then the nodes of depth ``d`` are fed in one call (:meth:`CachedLM.forward_nodes`) to give
+    their own laws. Returns ``drafts`` int64 ``[N]`` in node order, ``q [N + 1, V]`` (row 0 the
+    root's law, row ``1 + n`` the law after node ``n``; a node of the deepest level is never
+    fed and gets the root's law there, a row the walk never reads, since no node of that
+    depth has children) and the cache entry of each fed node, for :meth:`ModelDrafter.
+    accept_path`.
+    """
+    feed = lm.sync(seq)
+    root = probs(lm.forward(torch.tensor([feed], device=lm.device), last_only=True)[0], cfg)
+    laws: dict[int, torch.Tensor] = {-1: root[0]}
+    drafts = torch.zeros(tree.size, dtype=torch.long, device=root.device)
+    entries: dict[int, int] = {}
+    by_depth = [[n for n in range(tree.size) if tree.depths[n] == d]
+                for d in range(1, tree.depth + 1)]
+    for d, level in enumerate(by_depth, start=1):
+        for a in dict.fromkeys(tree.parent[n] for n in level):
+            kids = list(tree.kids[a])
+            drafts[kids] = draw_children(laws[a], len(kids), tree.children, gen)
+        if d == tree.depth:
+            break
+        parents = [entries[tree.parent[n]] if tree.parent[n] >= 0 else -1 for n in level]
+        out = lm.forward_nodes([], drafts[level].tolist(), parents)
+        q_level = probs(out, cfg)
+        for i, n in enumerate(level):
+            entries[n] = len(entries)
+            laws[n] = q_level[i]
+    q = torch.stack([laws.get(n, root[0]) for n in range(-1, tree.size)])
+    return drafts, q, entries
 
 
 def draw_rows(q: torch.Tensor, gen: torch.Generator) -> torch.Tensor:

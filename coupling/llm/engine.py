@@ -42,6 +42,7 @@ import torch
 
 from coupling.dist import validate_count
 from coupling.rules import RULES
+from coupling.tree import Tree
 
 from . import rules_adapter
 from .cache import (
@@ -174,6 +175,8 @@ class Run:
     confidence: float | None
     record_alpha: bool
     predict: bool
+    #: a static draft tree of any shape, drafted and verified node by node (else k chains)
+    topology: Tree | None = None
 
 
 def check_run(target_model, drafter: Drafter | None, prompt: list[int], *, max_new_tokens: int,
@@ -198,6 +201,29 @@ def check_run(target_model, drafter: Drafter | None, prompt: list[int], *, max_n
         raise ValueError(f"rule={rule!r} samples without drafts: pass gamma=0 or drafter=None, "
                          "or a rule of coupling.rules.RULES to verify the drafts")
     return prompt, max_new_tokens, gamma, k, seed
+
+
+def check_tree(target_model, drafter: Drafter | None, rule: str, k: int, tree: Tree) -> None:
+    """``generate(tree=)``'s conditions: a :class:`coupling.Tree` the rule verifies node by
+    node (:func:`coupling.rules.topology.check_tree_rule`), a target that takes tree
+    attention, a drafter that fills trees, and no ``k`` beside it."""
+    from coupling.rules.topology import check_tree_rule
+
+    if not isinstance(tree, Tree):
+        raise TypeError(f"tree must be a coupling.Tree, got {type(tree).__name__}")
+    if k != 1:
+        raise ValueError(f"k={k} and tree= both shape the draft; give the branches in the tree "
+                         "(Tree.from_chains(k, gamma)) and leave k=1")
+    if rule == rules_adapter.PLAIN:
+        raise ValueError("tree= drafts a tree for a rule to verify; rule='plain' verifies none")
+    check_tree_rule(RULES[rule], tree)
+    if not supports_tree(target_model):
+        raise ValueError(f"tree= verifies the tree in one call with tree attention, which model "
+                         f"type {getattr(target_model.config, 'model_type', None)!r} does not "
+                         f"take (supports_tree: {TREE_MODEL_TYPES} with {TREE_ATTENTION})")
+    if drafter is not None and not callable(getattr(drafter, "propose_tree", None)):
+        raise ValueError(f"the {getattr(drafter, 'name', type(drafter).__name__)} drafter "
+                         "proposes chains only; draft trees with a ModelDrafter")
 
 
 def tree_layout(tlm: CachedLM, tree_attention: bool | None) -> bool:
@@ -261,6 +287,48 @@ def analyse(rec: StepRecord, run: Run, drafts: torch.Tensor, q: torch.Tensor,
         rec.conditional = P.conditional(run.rule, drafts, q, p, c)
 
 
+def verify_topology(target: CachedLM, seq: list[int], tree: Tree, drafts: torch.Tensor,
+                    q: torch.Tensor, rule: str, cfg: SamplingConfig,
+                    seed: int) -> tuple[int, list[int], list[int], torch.Tensor]:
+    """One target call on a drafted static tree (``drafts [N]`` in node order, ``q [N + 1,
+    V]``), by tree attention; the rule walks it (:func:`rules_adapter.decide_tree`). Returns
+    (accepted length m, the accepted nodes, the emitted tokens, ``p [N + 1, V]``)."""
+    feed = target.sync(seq)
+    logits = target.forward_nodes(feed, drafts.tolist(), list(tree.parent))
+    p = probs(logits[len(feed) - 1:], cfg)                     # [N + 1, V]
+    m, node, emitted = rules_adapter.decide_tree(rule, tree, drafts, q, p, seed, len(seq))
+    path = tree.path_to(node)
+    target.select_path(path)
+    return m, path, emitted, p
+
+
+def tree_step(tlm: CachedLM, drafter, seq: list[int], run: Run, gen: torch.Generator,
+              on_step: Callable | None) -> tuple[list[int], StepRecord, float]:
+    """:func:`step` on a static draft tree: draft it, verify it in one target call, and (with
+    ``predict``) record the exact expected tokens given the drafted tree
+    (:func:`coupling.sequence.predict.conditional_tree_tokens`, for a rule with ``try_law``)."""
+    tree = run.topology
+    drafts, q = drafter.propose_tree(seq, tree, run.cfg, gen)
+    m, path, emitted, p = verify_topology(tlm, seq, tree, drafts, q, run.rule, run.cfg,
+                                          run.seed)
+    drafter.accept_path(path)
+    rec = StepRecord(tree.size, m, path[-1] if path else -1)
+    t0 = time.perf_counter()
+    rows = [0] + [1 + n for n in path if tree.kids[n]]          # judged laws along the path
+    if run.record_alpha:
+        rec.alpha = torch.minimum(p[rows].double(), q[rows].double()).sum(-1).tolist()
+    if run.predict and callable(getattr(RULES[run.rule], "try_law", None)):
+        from coupling.sequence.predict import conditional_tree_tokens
+
+        rec.predicted = rec.conditional = conditional_tree_tokens(
+            run.rule, tree, drafts.cpu().numpy(), p.double().cpu().numpy(),
+            q.double().cpu().numpy())
+    spent = time.perf_counter() - t0
+    if on_step is not None:
+        on_step(rec, drafts, q, p)
+    return emitted, rec, spent
+
+
 def step(tlm: CachedLM, drafter: Drafter | None, seq: list[int], budget: int, run: Run,
          gen: torch.Generator, on_step: Callable | None) -> tuple[list[int], StepRecord, float]:
     """One step: draft up to ``min(gamma, budget)`` tokens, verify them in one target call (or
@@ -268,6 +336,8 @@ def step(tlm: CachedLM, drafter: Drafter | None, seq: list[int], budget: int, ru
     and the seconds its analysis took."""
     if drafter is None or run.gamma == 0:
         return (*plain_step(tlm, seq, run, gen), 0.0)
+    if run.topology is not None:
+        return tree_step(tlm, drafter, seq, run, gen, on_step)
     noise = (run.rule, run.seed, len(seq)) if rules_adapter.shares_noise(run.rule) else None
     drafts, q = drafter.propose(seq, min(run.gamma, budget), run.k, run.cfg, gen,
                                 distinct_first=rules_adapter.distinct_first(run.replacement,
@@ -293,7 +363,8 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
              target: CachedLM | None = None, record_alpha: bool = True,
              predict: bool = False, on_step=None,
              tree_attention: bool | None = None,
-             draft_confidence: float | None = None, lossy: bool = False) -> GenerationResult:
+             draft_confidence: float | None = None, lossy: bool = False,
+             tree: Tree | None = None) -> GenerationResult:
     """Speculative sampling of up to ``max_new_tokens`` tokens after ``prompt``.
 
     ``rule`` is a name of :data:`coupling.rules.RULES` verifying ``k`` branches drawn i.i.d.
@@ -310,14 +381,20 @@ def generate(target_model, drafter: Drafter | None, prompt: list[int], *, max_ne
     ``target``: a :class:`CachedLM` of ``target_model`` to run in; it keeps the longest common
     prefix of its cache and the prompt (:func:`prefill` with ``reuse``), so many generations
     from one prompt pay its prefill once. Without it each call starts from an empty cache.
+    ``tree``: a static draft tree of any shape (:class:`coupling.Tree`) instead of ``k``
+    chains of ``gamma``: drafted level by level and verified in one target call by tree
+    attention, node by node (:func:`check_tree`); a step emits at most ``tree.depth + 1``
+    tokens.
     """
     prompt, max_new_tokens, gamma, k, seed = check_run(
         target_model, drafter, prompt, max_new_tokens=max_new_tokens, rule=rule, gamma=gamma,
         k=k, seed=seed, replacement=replacement, lossy=lossy, draft_confidence=draft_confidence)
+    if tree is not None:
+        check_tree(target_model, drafter, rule, k, tree)
     rules_adapter.prepare(rule)
     tlm = target or CachedLM(target_model)
     run = Run(rule, k, replacement, gamma, cfg or SamplingConfig(), seed,
-              tree_layout(tlm, tree_attention), draft_confidence, record_alpha, predict)
+              tree_layout(tlm, tree_attention), draft_confidence, record_alpha, predict, tree)
     drafter = drafter if gamma > 0 else None
     t0 = time.perf_counter()
     d_calls, d_sec = start(tlm, drafter, prompt, reuse=target is not None)

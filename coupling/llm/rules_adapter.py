@@ -25,6 +25,7 @@ import torch
 from coupling import keyed
 from coupling.dist import tuple_law, validate_k, validate_replacement
 from coupling.rules import RULES
+from coupling.tree import Tree
 
 PLAIN = "plain"
 
@@ -186,6 +187,54 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
     if idx is not None:
         toks = idx[torch.tensor(toks, dtype=torch.int64, device=idx.device)].tolist()
     return m, c, toks
+
+
+def decide_tree(rule: str, tree: Tree, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
+                seed: int, position: int) -> tuple[int, int, list[int]]:
+    """Verify one request's static draft tree of any shape.
+
+    drafts int64 [N] in node order, q and p float32 [N + 1, V] (row 0 the root's laws, row
+    ``1 + n`` those after node ``n``: :mod:`coupling.rules.topology`); returns (accepted m,
+    deepest accepted node (-1: none), emitted tokens = m drafted tokens + next token). The
+    laws are compressed to their support as in :func:`decide`; on a CPU the rule's numpy walk
+    runs with the keyed numbers its twin draws (:func:`coupling.rules.topology.tree_uniforms`),
+    elsewhere the twin (:func:`coupling.verify` with ``tree=``).
+    """
+    from coupling.rules.topology import check_tree_rule, tree_uniforms, walk_topology
+
+    if rule == PLAIN or rule not in RULES:
+        raise ValueError(f"rule={rule!r}: decide_tree needs a rule of coupling.rules.RULES")
+    r = RULES[rule]
+    check_tree_rule(r, tree)
+    if drafts.shape != (tree.size,) or p.shape != q.shape or p.shape[0] != tree.size + 1:
+        raise ValueError(f"a {tree.size}-node tree takes drafts [N] and p, q [N + 1, V]; got "
+                         f"{tuple(drafts.shape)}, {tuple(p.shape)}, {tuple(q.shape)}")
+    idx, ok = checked_support(p, q)
+    if ok:
+        x = torch.searchsorted(idx, drafts).clamp_(max=max(idx.numel() - 1, 0))
+        if idx.numel() == 0 or not torch.equal(idx[x], drafts):
+            raise ValueError(_OFF_SUPPORT)
+        drafts, p, q = x, p[:, idx], q[:, idx]
+    else:   # a NaN, infinite or negative entry: named on the full laws
+        from coupling.torch_backend import check_probs
+
+        check_probs(p, "p")
+        check_probs(q, "q")
+        idx = None
+    if p.device.type == "cpu":
+        coins, u = tree_uniforms(r, seed, position, tree)
+        m, node, y = walk_topology(r, tree, drafts.numpy(), p.detach().numpy(),
+                                   q.detach().numpy(), coins, u)
+        toks = drafts[tree.path_to(node)].tolist() + [y]
+    else:
+        from coupling.rules import verify
+
+        v = verify(r, drafts[None], p[None], q[None], tree=tree, seeds=seed, positions=position)
+        m, node = int(v.accepted[0]), int(v.branch[0])
+        toks = v.tokens[0, : m + 1].tolist()
+    if idx is not None:
+        toks = idx[torch.tensor(toks, dtype=torch.int64, device=idx.device)].tolist()
+    return m, node, toks
 
 
 def _decide_numpy(name: str, replacement: bool, drafts: torch.Tensor, p: torch.Tensor,

@@ -106,7 +106,7 @@ def walk_topology(rule: Rule, tree: Tree, drafts: np.ndarray, p: np.ndarray, q: 
     while True:
         row = 1 + S[0]
         pi, qi = _row(p, row), _row(q, row)
-        C = [c for a in S for c in tree.kids[a]]
+        C = sorted(c for a in S for c in tree.kids[a])   # node order, as the twin's columns
         if not C:
             return depth, node, categorical(pi, float(u[depth]))
         drafts_c = np.asarray([drafts[c] for c in C], dtype=np.int64)

@@ -23,6 +23,12 @@ drafted path for the chain rules (``token``: :math:`1 + \sum_j \prod_{i \le j}
 runs can be compared on identical drafts. The gap between a composed prediction and the
 conditional expectation measures how far position-wise composition is off on real text.
 
+On a static draft tree of any shape (:class:`coupling.Tree`) the laws at every drafted node
+are seen, so :func:`conditional_tree_tokens` gives the exact expected tokens of the call given
+the drafted tree, for a rule that states which try accepts given the drafts
+(``rule.try_law``: ``token``, ``rrs``): the walk of :mod:`coupling.rules.topology`, averaged
+over its coins and draws.
+
 Closed forms run in float64 on the union of the supports of :math:`p_i` and :math:`q_i`.
 """
 
@@ -32,8 +38,11 @@ import numpy as np
 
 from ..dist import validate_replacement
 from ..rules import RULES, Rule, get_rule
+from ..rules.topology import check_tree_rule
+from ..tree import Tree
 
-__all__ = ["check_record", "predicted_tokens", "optimal_tokens", "conditional_tokens"]
+__all__ = ["check_record", "predicted_tokens", "optimal_tokens", "conditional_tokens",
+           "conditional_tree_tokens"]
 
 
 def check_record(drafts, p, q, branch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
@@ -85,11 +94,49 @@ def conditional_tokens(rule: str | Rule, drafts, p, q, branch: int) -> float:
     """Exact expected tokens of a chain rule (``token`` or ``block``) given the chosen
     branch's whole drafted path (module doc)."""
     r = get_rule(rule)
-    if r.name not in ("token", "block"):
-        raise ValueError(f"conditional_tokens is defined for the chain rules token and block, "
-                         f"not {r.name!r}")
+    if not callable(getattr(r, "path_law", None)):
+        raise ValueError(f"conditional_tokens needs a rule with an exact path law "
+                         f"(rule.path_law: token, block), not {r.name!r}")
     d, P, Q, b = check_record(drafts, p, q, branch)
     x = d[b]
     P64, Q64 = np.asarray(P[b], dtype=np.float64), np.asarray(Q[b], dtype=np.float64)
     tau, _ = r.path_law(x, P64 / P64.sum(-1, keepdims=True), Q64 / Q64.sum(-1, keepdims=True))
     return 1.0 + float(np.arange(tau.size) @ tau)
+
+
+def conditional_tree_tokens(rule: str | Rule, tree: Tree, drafts, p, q) -> float:
+    """Exact expected tokens of one call of ``rule`` on the drafted static ``tree``, given its
+    drafts ``[N]`` and the laws ``p``, ``q`` ``[N + 1, V]`` at the root and after every node
+    (:mod:`coupling.rules.topology`'s layout), for a rule with ``try_law``.
+
+    >>> from coupling import Tree
+    >>> p = np.array([[0.5, 0.5]] * 5); q = np.array([[1.0, 0.0]] * 5)
+    >>> conditional_tree_tokens("rrs", Tree.from_branching([2, 1]), [0, 0, 0, 0], p, q)
+    1.75
+    """
+    r = get_rule(rule)
+    if not callable(getattr(r, "try_law", None)):
+        raise ValueError(f"conditional_tree_tokens needs a rule that states which try accepts "
+                         f"given the drafts (rule.try_law: token, rrs), not {r.name!r}")
+    check_tree_rule(r, tree)
+    d = np.asarray(drafts, dtype=np.int64).reshape(-1)
+    P, Q = (np.asarray(a, dtype=np.float64) for a in (p, q))
+    if d.shape != (tree.size,) or P.shape != Q.shape or P.ndim != 2 \
+            or P.shape[0] != tree.size + 1:
+        raise ValueError(f"a {tree.size}-node tree takes drafts [N] and p, q [N + 1, V]; got "
+                         f"{d.shape}, {P.shape}, {Q.shape}")
+    P, Q = P / P.sum(-1, keepdims=True), Q / Q.sum(-1, keepdims=True)
+    replacement = tree.children == "iid"
+
+    def value(S: tuple[int, ...]) -> float:
+        C = sorted(c for a in S for c in tree.kids[a])   # node order, as the twin's columns
+        if not C:
+            return 1.0                                  # the bonus token
+        law = r.try_law(P[1 + S[0]], Q[1 + S[0]], d[C], replacement)
+        out = float(law[-1])
+        for i, c in enumerate(C):
+            if law[i] > 0:
+                out += float(law[i]) * (1.0 + value(tuple(m for m in C if d[m] == d[c])))
+        return out
+
+    return value((-1,))

@@ -77,7 +77,7 @@ def topology_outcomes(rule: Rule, target: Callable, draft: Callable, tree: Tree,
 
     def rec(pre: tuple[int, ...], S: tuple[int, ...], mass) -> Iterator:
         p = target(context + pre)
-        C = tuple(c for a in S for c in tree.kids[a])
+        C = tuple(sorted(c for a in S for c in tree.kids[a]))   # node order, as the walk's
         if not C:                                         # a leaf: the bonus token, y ~ p
             for y in np.flatnonzero(p != 0):
                 yield pre + (int(y),), len(pre), mass * p[y]

@@ -8,7 +8,10 @@ LEGEND = ("BE = tokens per target verification call (HF: per target forward call
           "coupling prediction from the recorded (p, q) (coupling.llm.predict); BE opt = "
           "the LP-optimal verifier's prediction on the same laws and draft law (k > 1); accept = "
           "accepted/drafted tokens; speedup = tokens/s over autoregressive in this run; 95% CI = "
-          "paired bootstrap over this run's prompts (demo.speedup_interval).")
+          "paired bootstrap over this run's prompts (demo.speedup_interval). A <rule>_tree "
+          "line (--tree) drafts a static tree, k = its nodes; its BE pred is the exact expected "
+          "tokens given each drafted tree and the laws at its nodes "
+          "(coupling.sequence.predict.conditional_tree_tokens).")
 
 
 def speedup_interval(tokens, seconds, ar_tokens, ar_seconds, *, level: float = 0.95,
@@ -62,7 +65,8 @@ def format_table(res: dict) -> str:
         ar = "-" if r["acceptance_rate"] is None else f"{r['acceptance_rate']:.3f}"
         opt = r.get("optimal_predicted_block_efficiency")
         opt = "-" if opt is None else f"{opt:.2f}"
-        lines.append(f"{name:<{w}}{r['k']:>3}{r['block_efficiency']:>7.2f}"
+        k = r["tree"]["nodes"] if r.get("tree") else r["k"]
+        lines.append(f"{name:<{w}}{k:>3}{r['block_efficiency']:>7.2f}"
                      f"{r['predicted_block_efficiency']:>9.2f}{opt:>8}{ar:>8}"
                      f"{r['target_calls']:>7d}{r['tokens_per_s']:>8.1f}"
                      f"{r['speedup_vs_autoregressive']:>8.2f}x{ci(r)}")
@@ -121,6 +125,10 @@ def header(res: dict) -> list[str]:
         f"gamma={s['gamma']}{gate}; {s['prompts']} prompts x {s['max_new_tokens']} new tokens; "
         f"seed={s['seed']}; {s['torch_threads']} threads",
         *(f"auto: {line}" for line in s.get("auto", []))]
+    trees = {r["tree"]["spec"]: r["tree"] for r in res["rules"].values() if r.get("tree")}
+    for spec, t in trees.items():
+        lines.append(f"tree {spec}: {t['nodes']} nodes, depth {t['depth']}, i.i.d. children, "
+                     "drafted level by level and verified in one call by tree attention")
     tok = res["rules"].get("token")
     if tok:
         lines.append(f"target call {tok['target_call_ms']:.1f} ms, draft call "

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .report import speedup_interval
-from .settings import FULL, QUICK, Method, check_args, load_prompts, resolve_auto
+from .settings import FULL, QUICK, Method, check_args, load_prompts, resolve_auto, tree_method
 
 
 @dataclass
@@ -64,6 +64,11 @@ def select_methods(args: argparse.Namespace) -> list[Method]:
     wanted = (args.methods.split(",") if args.methods else
               (QUICK if args.quick else [m.label for m in FULL]))
     by_label = {m.label: m for m in FULL}
+    if getattr(args, "tree", None) is not None:
+        extra = tree_method(args)
+        by_label[extra.label] = extra
+        if extra.label not in wanted:
+            wanted = [*wanted, extra.label]
     unknown = [w for w in wanted if w not in by_label]
     if unknown:
         raise ValueError(f"--methods: unknown {unknown}; choose from {sorted(by_label)}")
@@ -128,8 +133,8 @@ def run_method(mdl: Models, m: Method, prompt: list[int], seed: int, n: int,
     return E.generate(target, drafter_for(mdl, m), prompt, max_new_tokens=n, rule=m.rule,
                       gamma=args.gamma, k=m.k, cfg=cfg, seed=seed, eos_token_id=eos,
                       replacement=m.replacement, predict=predict,
-                      draft_confidence=args.draft_confidence,
-                      tree_attention=tree if m.k > 1 else None)
+                      draft_confidence=None if m.tree else args.draft_confidence,
+                      tree_attention=tree if m.k > 1 else None, tree=m.topology())
 
 
 def drafter_for(mdl: Models, m: Method):
@@ -205,9 +210,12 @@ def rule_row(m: Method, a: Totals, ar: Totals, gamma: int) -> dict:
     drafted = sum(s.drafted for s in steps)
     cond = [s.conditional for s in steps if not math.isnan(s.conditional)]
     paired = [s.block_on_drafts for s in steps if not math.isnan(s.block_on_drafts)]
+    topology = m.topology()
     return {
         "rule": m.rule, "k": m.k, "replacement": m.replacement, "drafter": m.drafter,
-        "gamma": gamma,
+        "gamma": topology.depth if topology else gamma,
+        "tree": {"spec": m.tree, "nodes": topology.size, "depth": topology.depth,
+                 "parent": list(topology.parent)} if topology else None,
         "block_efficiency": float(np.mean([s.accepted + 1 for s in steps])),
         "predicted_block_efficiency": float(np.mean([s.predicted for s in steps])),
         "optimal_predicted_block_efficiency": (

@@ -24,6 +24,9 @@ class Method:
     k: int = 1
     replacement: bool = True
     drafter: str = "trained"
+    #: a static draft tree (``coupling.Tree.from_spec``: "3,2,1", "eagle:16", a .json of
+    #: paths) with i.i.d. children, instead of k chains of gamma
+    tree: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in ("ar", "hf", "engine"):
@@ -41,6 +44,16 @@ class Method:
                              f"replacement={self.replacement}: {RULES[self.rule].support_text}")
         if self.drafter not in ("trained", "feature", "ngram"):
             raise ValueError(f"drafter={self.drafter!r}: choose trained, feature or ngram")
+        if self.tree:
+            from coupling.rules.topology import check_tree_rule
+
+            check_tree_rule(RULES[self.rule], self.topology())
+
+    def topology(self):
+        """The method's :class:`coupling.Tree` (``None`` for k chains)."""
+        from coupling.tree import Tree
+
+        return Tree.from_spec(self.tree) if self.tree else None
 
     @property
     def label(self) -> str:
@@ -51,7 +64,8 @@ class Method:
             return {"ar": "autoregressive", "hf": "hf_assisted"}[self.kind]
         return (self.rule + (f"_k{self.k}" if self.k > 1 else "")
                 + ("" if self.replacement else "_distinct")
-                + ("" if self.drafter == "trained" else f"_{self.drafter}"))
+                + ("" if self.drafter == "trained" else f"_{self.drafter}")
+                + ("_tree" if self.tree else ""))
 
 
 FULL = [
@@ -91,6 +105,15 @@ QUICK = ["autoregressive", "hf_assisted", "token", "block", "kseq_k2", "gumbel",
          "block_feature"]
 
 
+def tree_method(args: argparse.Namespace) -> Method:
+    """The line ``--tree`` adds: ``--tree-rule`` on that tree (``ValueError`` naming the
+    option when the tree is malformed or the rule cannot verify it)."""
+    try:
+        return Method("engine", args.tree_rule, tree=args.tree)
+    except ValueError as exc:
+        raise ValueError(f"--tree {args.tree} --tree-rule {args.tree_rule}: {exc}") from None
+
+
 def load_prompts() -> list[str]:
     return json.loads(PROMPTS_FILE.read_text())["prompts"]
 
@@ -118,6 +141,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--seed {args.seed}: must fit in int64")
     if args.methods is not None and not [m for m in args.methods.split(",") if m.strip()]:
         raise ValueError("--methods: empty; name at least one method, or leave it out")
+    if getattr(args, "tree", None) is not None:
+        tree_method(args)        # a bad tree or a rule that cannot verify it, named now
     for opt, path in (("--json", args.json), ("--plot", args.plot)):
         if path is not None and Path(path).is_dir():
             raise ValueError(f"{opt} {path}: is a directory; give a file name")
@@ -158,6 +183,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="multiply both drafts' logits by this before the sampling transforms "
                          "(default: the calibrated scale stored with each draft's weights, "
                          "scripts/calibrate_draft.py; 1 runs them uncalibrated)")
+    ap.add_argument("--tree", type=str, default=None,
+                    help="also run a static draft tree with tree attention: per-depth widths "
+                         "(3,2,1), a named tree with its size (eagle:16, medusa:16, "
+                         "specinfer:12) or a .json list of paths; i.i.d. children, verified by "
+                         "--tree-rule (the line <rule>_tree)")
+    ap.add_argument("--tree-rule", type=str, default="rrs",
+                    help="the rule that verifies --tree node by node (default rrs)")
     ap.add_argument("--multi-draft-layout", choices=("tree", "batch"), default="tree",
                     help="verify k > 1 branches as one row with tree attention (one call of "
                          "1 + k * gamma tokens) or as a batch of k rows over a repeated cache")

@@ -56,7 +56,8 @@ from ...lp.draftsets import others_sum
 from ..base import Rule
 from ..common import categorical
 
-__all__ = ["acceptance", "joint", "verify", "RecursiveRejection", "RULE", "MAX_PATH_WORK"]
+__all__ = ["acceptance", "joint", "try_law", "verify", "RecursiveRejection", "RULE",
+           "MAX_PATH_WORK"]
 
 #: Largest V**k for the exact path enumeration (without replacement, k >= 3).
 MAX_PATH_WORK = 20_000_000
@@ -150,6 +151,23 @@ def _chain(p: np.ndarray, q: np.ndarray, drafts: np.ndarray, replacement: bool):
     return steps, r
 
 
+def try_law(p: np.ndarray, q: np.ndarray, drafts: np.ndarray,
+            replacement: bool = True) -> np.ndarray:
+    """``[m + 1]``: the probability, given the drafts, that try ``i`` accepts (``i < m``), and
+    last that all ``m`` are rejected (over the coins; laws validated, float64).
+
+    >>> try_law(np.array([0.5, 0.5]), np.array([1.0, 0.0]), np.array([0, 0])).tolist()
+    [0.5, 0.0, 0.5]
+    """
+    steps, _ = _chain(p, q, np.asarray(drafts), replacement)
+    out, surv = [], 1.0
+    for x, r, qi in steps:
+        acc = (1.0 if r[x] >= qi[x] else r[x] / qi[x]) if qi[x] > 0 else 0.0
+        out.append(surv * acc)
+        surv *= 1.0 - acc
+    return np.array(out + [surv])
+
+
 def joint(pa: np.ndarray, qa: np.ndarray, k: int, replacement: bool = True) -> np.ndarray:
     """Exact law ``[T, V]`` of (draft tuple, output), rows in ``tuple_law`` order."""
     tuples, probs = tuple_law(qa, k, replacement=replacement)
@@ -215,6 +233,11 @@ class RecursiveRejection(Rule):
     def _bound(self, p, q, k, replacement):
 
         return float(np.minimum(p, q).sum()), optimal_acceptance(p, q, k, replacement=replacement)
+
+    def try_law(self, p: np.ndarray, q: np.ndarray, drafts: np.ndarray,
+                replacement: bool = True) -> np.ndarray:
+        """:func:`try_law`: which try accepts given the drafts (float64 laws)."""
+        return try_law(p, q, drafts, replacement)
 
 
 RULE = RecursiveRejection()

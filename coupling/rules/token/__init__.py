@@ -127,6 +127,13 @@ class Token(Rule):
     #: the negative control's bug (:data:`NO_RESIDUAL`)
     resample_target = False
 
+    def try_law(self, p: np.ndarray, q: np.ndarray, drafts: np.ndarray,
+                replacement: bool = True) -> np.ndarray:
+        """``[a, 1 - a]``, ``a = min(1, p(x) / q(x))``: the draft's acceptance given it."""
+        x = int(np.asarray(drafts).reshape(-1)[0])
+        a = min(1.0, float(p[x]) / float(q[x])) if q[x] > 0 else 0.0
+        return np.array([a, 1.0 - a])
+
     def path_law(self, drafts, p_path, q_path) -> tuple[np.ndarray, np.ndarray]:
         """:func:`path_law` on validated inputs (float64, or exact Fractions)."""
 
