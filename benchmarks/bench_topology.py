@@ -1,6 +1,6 @@
 """Static draft trees of published shapes, exactly: tokens per target call of each rule that
-verifies a topology node by node, against the tree LP's optimum (every lossless verifier
-that sees the drafted tree and knows both models).
+verifies a topology (node by node, or leaf to root as traversal does), against the tree LP's
+optimum (every lossless verifier that sees the drafted tree and knows both models).
 
 Trees (``coupling.Tree``): the first ``n`` nodes of Medusa's and EAGLE's default layouts (their
 lists run likeliest first, so a prefix is that layout's best tree of ``n`` nodes), SpecInfer's
@@ -22,7 +22,7 @@ import numpy as np
 
 from coupling import RULES, TabularLM, Tree, block_efficiency, full_information_tree_accepted
 
-RULE_NAMES = ("rrs", "kseq", "optimal", "strict")
+RULE_NAMES = ("rrs", "kseq", "optimal", "traversal", "strict")
 SEQUOIA_LIKE = ((0,), (1,), (2,), (0, 0), (0, 1), (0, 0, 0), (0, 1, 0), (1, 0), (0, 0, 0, 0),
                 (0, 1, 0, 0), (1, 0, 0), (2, 0), (0, 0, 0, 0, 0), (0, 1, 0, 0, 0),
                 (1, 0, 0, 0), (2, 0, 0))

@@ -90,7 +90,9 @@ def test_rules_that_cannot_verify_a_topology_say_why():
     t, d = pair(3)
     wide = Tree.from_branching([2, 1])
     ragged = Tree.from_paths([(0,), (1,), (0, 0)])
-    for rule, tree, why in [("block", ragged, "whole"), ("traversal", ragged, "whole"),
+    for rule, tree, why in [("block", ragged, "whole"), ("gbv", ragged, "whole"),
+                            ("traversal", Tree.from_branching([2], children="topk"),
+                             "drafter-inv"),
                             ("gumbel", ragged, "noise columns"),
                             ("greedy", Tree.from_branching([2, 2]), "own law"),
                             ("rrs", Tree.from_branching([2], children="topk"), "drafter-inv"),
@@ -156,6 +158,49 @@ def test_every_topology_is_lossless(tree, V, seed, name):
     assert _stream_tv(name, t, d, tree, min(tree.depth + 1, 3)) < 1e-12
 
 
+@given(topologies(), st.integers(2, 3), st.integers(0, 50))
+def test_traversal_is_lossless_on_every_topology(tree, V, seed):
+    """Traversal verification judges the trie of the drafted tree leaf to root: coinciding
+    i.i.d. siblings merge with their subtrees, children in order of first appearance."""
+    t, d = pair(V, seed)
+    assume(tree.children != "topk")
+    assume(max(len(c) for c in tree.kids) <= V or tree.children == "iid")
+    assume(V ** tree.size <= 3 ** 6)
+    assert _stream_tv("traversal", t, d, tree, min(tree.depth + 1, 3)) < 1e-12
+
+
+def test_traversal_on_a_tree_of_chains_is_the_chain_rule_and_its_controls_fail():
+    """On Tree.from_chains the topology schedule is the chain schedule: the same exact law of
+    a call, and on the same keyed numbers the same decisions; each broken variant fails the
+    losslessness check on a topology."""
+    from coupling.rules.topology import tree_uniforms, walk_topology
+    from coupling.rules.traversal import CONTROLS, TraversalControl
+    from coupling.sequence.topology import judged_outcomes
+
+    t, d = pair(3, 21)
+    T, D, ctx = check_models(t, d, ())
+    rule = RULES["traversal"]
+    for replacement in (True, False):
+        tree = Tree.from_chains(2, 2, replacement=replacement)
+        a = _law(judged_outcomes(rule, T, D, tree, ctx))
+        b = _law(rule.outcomes(T, D, 2, ctx, k=2, replacement=replacement))
+        assert max(abs(a.get(o, 0) - b.get(o, 0)) for o in set(a) | set(b)) < 1e-12
+    tree, rng = Tree.from_chains(3, 2), np.random.default_rng(2)
+    X, P, Q = _tree_inputs(tree, 3, 60, rng)
+    for b in range(60):
+        coins, u = tree_uniforms(rule, b, 7, tree)
+        tau, node, y = walk_topology(rule, tree, X[b], P[b], Q[b], coins, u)
+        chain = X[b].reshape(2, 3).T                          # [k, gamma]: branch j, offset i
+        rows = np.concatenate([np.zeros((3, 1), int), np.arange(6).reshape(2, 3).T + 1], 1)
+        c_coins, c_u = rule.call_uniforms(b, 7, 2, 3)
+        tau2, branch, y2 = rule.verify_block(chain, P[b][rows], Q[b][rows[:, :2]], c_coins,
+                                             c_u)
+        assert (tau, y) == (tau2, y2) and node == (branch + (tau - 1) * 3 if tau else -1)
+    ragged = Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (0, 0, 0)])
+    failed = [c for c in CONTROLS if _stream_tv(TraversalControl(c), t, d, ragged, 3) > 1e-3]
+    assert failed, "no broken traversal is caught on a topology"
+
+
 @pytest.mark.parametrize("tree", [Tree.named("eagle", size=8, children="iid"),
                                   Tree.named("medusa", size=8, children="distinct"),
                                   Tree.named("specinfer", size=8, children="iid"),
@@ -170,6 +215,8 @@ def test_named_trees_are_lossless_and_a_lossy_rule_is_not(tree):
             continue
         assert _stream_tv(name, t, d, tree, 3) < 1e-12, name
         checked += 1
+    if tree.children != "topk":
+        assert _stream_tv("traversal", t, d, tree, 3) < 1e-12
     assert checked >= (1 if tree.children == "topk" else 3)
     if tree.children != "topk":      # the control: the same check fails a lossy rule
         assert _stream_tv("typical", t, d, tree, 3) > 1e-3
@@ -308,7 +355,10 @@ def test_the_twin_on_a_topology_decides_as_the_numpy_walk(name, tree):
 @pytest.mark.parametrize("name, k, gamma, replacement", [("rrs", 3, 2, True),
                                                          ("optimal", 2, 2, False),
                                                          ("kseq", 2, 3, True),
-                                                         ("strict", 2, 2, True)])
+                                                         ("strict", 2, 2, True),
+                                                         ("traversal", 3, 2, True),
+                                                         ("gbv", 2, 3, True),
+                                                         ("block", 1, 3, True)])
 def test_the_twin_on_chains_is_the_chain_twin(name, k, gamma, replacement):
     """On ``Tree.from_chains(k, gamma)`` the topology twin draws the chain layout's numbers and
     makes the chain twin's decisions, request for request."""
@@ -327,6 +377,13 @@ def test_the_twin_on_chains_is_the_chain_twin(name, k, gamma, replacement):
                         seeds=seeds, positions=5)
     assert torch.equal(a.accepted, b.accepted) and torch.equal(a.next_token, b.next_token)
     assert torch.equal(a.tokens, b.tokens)
+    deepest = torch.where(a.accepted > 0, a.branch + (a.accepted - 1) * k, -1)
+    assert torch.equal(b.branch, deepest)            # the deepest accepted node
+    if RULES[name].unit != "token":                  # its twin takes no other topology
+        with pytest.raises(ValueError, match="chains"):
+            coupling.verify(name, torch.tensor(X[:, :3]), torch.tensor(P[:, :4]),
+                            torch.tensor(Q[:, :4]), tree=Tree.from_paths([(0,), (1,), (0, 0)]),
+                            seeds=seeds, positions=5)
 
 
 def test_the_twin_samples_the_numpy_walks_law_on_a_topology():
@@ -383,6 +440,7 @@ def _fillings(tree: Tree, draft, context=()):
     ("rrs", Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])),
     ("rrs", Tree.from_branching([2, 1], children="distinct")),
     ("token", Tree.chain(3)),
+    ("traversal", Tree.from_paths([(0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0)])),
 ])
 def test_the_conditional_tokens_of_a_drafted_tree_average_to_its_exact_value(name, tree):
     """``conditional_tree_tokens`` (the engine's per-step prediction) is the expectation over

@@ -11,7 +11,7 @@ from .. import keyed
 from ..dist import validate_count, validate_replacement
 from ..keyed import MAX_DRAFTS
 from ..rules import RULES, unknown_rule
-from ..rules.topology import check_tree_rule
+from ..rules.topology import check_twin_topology
 from ..torch_backend import check_inputs
 from ..tree import Tree
 
@@ -65,7 +65,7 @@ def check_options(rule: str, num_drafts: int, gamma: int, replacement: bool,
             raise ValueError(f"num_drafts={num_drafts} and tree= both shape the draft; give the "
                              "branches in the tree (Tree.from_chains(k, gamma)) and leave "
                              "num_drafts out")
-        check_tree_rule(RULES[rule], tree)
+        check_twin_topology(RULES[rule], tree)
         chains = tree.chains()
         if chains is not None:
             return check_options(rule, chains[0], chains[1], chains[2], do_sample)

@@ -306,7 +306,8 @@ def tree_step(tlm: CachedLM, drafter, seq: list[int], run: Run, gen: torch.Gener
               on_step: Callable | None) -> tuple[list[int], StepRecord, float]:
     """:func:`step` on a static draft tree: draft it, verify it in one target call, and (with
     ``predict``) record the exact expected tokens given the drafted tree
-    (:func:`coupling.sequence.predict.conditional_tree_tokens`, for a rule with ``try_law``)."""
+    (:func:`coupling.sequence.predict.conditional_tree_tokens`, for a rule with ``try_law`` or
+    ``topology_law``)."""
     tree = run.topology
     drafts, q = drafter.propose_tree(seq, tree, run.cfg, gen)
     m, path, emitted, p = verify_topology(tlm, seq, tree, drafts, q, run.rule, run.cfg,
@@ -317,7 +318,8 @@ def tree_step(tlm: CachedLM, drafter, seq: list[int], run: Run, gen: torch.Gener
     rows = [0] + [1 + n for n in path if tree.kids[n]]          # judged laws along the path
     if run.record_alpha:
         rec.alpha = torch.minimum(p[rows].double(), q[rows].double()).sum(-1).tolist()
-    if run.predict and callable(getattr(RULES[run.rule], "try_law", None)):
+    if run.predict and any(callable(getattr(RULES[run.rule], f, None))
+                           for f in ("try_law", "topology_law")):
         from coupling.sequence.predict import conditional_tree_tokens
 
         rec.predicted = rec.conditional = conditional_tree_tokens(

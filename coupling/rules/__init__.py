@@ -60,7 +60,7 @@ from .spechub import RULE as SPECHUB
 from .strict import RULE as STRICT
 from .token import NO_RESIDUAL
 from .token import RULE as TOKEN
-from .topology import check_tree_rule
+from .topology import check_twin_topology
 from .traversal import RULE as TRAVERSAL
 from .traversal import TraversalControl
 from .typical import RULE as TYPICAL
@@ -135,15 +135,37 @@ def verify(rule: str | Rule, drafts, p, q, *, tree: Tree | None = None, **kwargs
     r = get_rule(rule)
     if tree is None:
         return r.torch.verify(drafts, p, q, **kwargs)
-    check_tree_rule(r, tree)
+    check_twin_topology(r, tree)
     # the walk on a topology is torch code: imported with the twin, so the core needs no torch
     from ..torch_backend.topology import verify_topology
 
     if "replacement" in kwargs:
         raise ValueError("tree= says how the children were drafted (Tree.children); leave "
                          "replacement out")
+    if r.unit != "token":                   # a tree of chains, judged as a whole
+        return _verify_chains(r, tree, drafts, p, q, **kwargs)
     return verify_topology(r.torch.make_step, tree, drafts, p, q,
                            draws_by_position=r.draws_by_position, **kwargs)
+
+
+def _verify_chains(r: Rule, tree: Tree, drafts, p, q, **kwargs):
+    """A tree of ``k`` chains of ``gamma`` in node order (node ``j + i k`` is branch ``j``'s
+    token at offset ``i``) handed to the chain twin in its layout; ``Verdict.branch`` is then
+    the deepest accepted node, as on any topology."""
+    import torch
+
+    k, g, replacement = tree.chains()
+    B = drafts.shape[0]
+    if drafts.shape != (B, tree.size) or p.shape[:2] != (B, tree.size + 1) \
+            or q.shape != p.shape:
+        raise ValueError(f"a {tree.size}-node tree takes drafts [B, N] and p, q [B, N + 1, V]; "
+                         f"got {tuple(drafts.shape)}, {tuple(p.shape)}, {tuple(q.shape)}")
+    after = torch.arange(tree.size, device=drafts.device).view(g, k).T + 1   # [k, g] rows
+    rows = torch.cat([torch.zeros(k, 1, dtype=torch.long, device=drafts.device), after], 1)
+    v = r.torch.verify(drafts.view(B, g, k).transpose(1, 2), p[:, rows], q[:, rows[:, :g]],
+                       replacement=replacement, **kwargs)
+    node = torch.where(v.accepted > 0, v.branch + (v.accepted - 1) * k, -1)
+    return v._replace(branch=node)
 
 
 __all__ = ["RULES", "NEGATIVE_CONTROLS", "Rule", "get_rule", "unknown_rule", "verify",

@@ -34,7 +34,8 @@ from ..tree import Tree
 from .base import Rule
 from .common import categorical
 
-__all__ = ["check_tree_rule", "node_columns", "tree_uniforms", "walk_topology"]
+__all__ = ["check_tree_rule", "check_twin_topology", "node_columns", "tree_uniforms",
+           "walk_topology"]
 
 
 def check_tree_rule(rule: Rule, tree: Tree) -> None:
@@ -47,7 +48,7 @@ def check_tree_rule(rule: Rule, tree: Tree) -> None:
         rule.require(chains[0], chains[2])
         return
     why = None
-    if rule.unit != "token":
+    if rule.unit != "token" and not callable(getattr(rule, "topology_law", None)):
         why = "it judges k paths of equal length as a whole; give it Tree.from_chains(k, gamma)"
     elif rule.shared_noise:
         why = ("its drafter draws keyed noise columns along k chains, which a static topology "
@@ -101,6 +102,8 @@ def walk_topology(rule: Rule, tree: Tree, drafts: np.ndarray, p: np.ndarray, q: 
     siblings both drafted the prefix). Layout in the module doc; laws are read in float64,
     normalised."""
     check_tree_rule(rule, tree)
+    if rule.unit != "token":                 # a rule that judges the tree as a whole
+        return rule.verify_topology(tree, drafts, _rows(p), _rows(q), coins, u)
     step = rule.make_step(tree.children == "iid")
     S, node, depth = [-1], -1, 0
     while True:
@@ -115,6 +118,23 @@ def walk_topology(rule: Rule, tree: Tree, drafts: np.ndarray, p: np.ndarray, q: 
         if not S:
             return depth, node, int(y)
         node, depth = S[0], depth + 1
+
+
+def _rows(law: np.ndarray) -> np.ndarray:
+    x = np.asarray(law, dtype=np.float64)
+    return x / x.sum(-1, keepdims=True)
+
+
+def check_twin_topology(rule: Rule, tree: Tree) -> None:
+    """``ValueError`` unless ``rule``'s batched twin verifies ``tree``: the twins of the rules
+    that judge a tree as a whole (``traversal``) take trees of chains only; their numpy cores
+    and the exact analysis take any tree :func:`check_tree_rule` admits."""
+    check_tree_rule(rule, tree)
+    if rule.unit != "token" and tree.chains() is None:
+        raise ValueError(f"rule {rule.name!r}'s batched twin verifies trees of chains "
+                         "(Tree.from_chains(k, gamma)); on this topology its numpy core "
+                         "verifies (coupling.rules.topology.walk_topology) and "
+                         "coupling.block_efficiency analyses it")
 
 
 def _row(law: np.ndarray, r: int) -> np.ndarray:

@@ -26,8 +26,9 @@ conditional expectation measures how far position-wise composition is off on rea
 On a static draft tree of any shape (:class:`coupling.Tree`) the laws at every drafted node
 are seen, so :func:`conditional_tree_tokens` gives the exact expected tokens of the call given
 the drafted tree, for a rule that states which try accepts given the drafts
-(``rule.try_law``: ``token``, ``rrs``): the walk of :mod:`coupling.rules.topology`, averaged
-over its coins and draws.
+(``rule.try_law``: ``token``, ``rrs``; the walk of :mod:`coupling.rules.topology`, averaged
+over its coins and draws) or the law of a call given the tree (``rule.topology_law``:
+``traversal``).
 
 Closed forms run in float64 on the union of the supports of :math:`p_i` and :math:`q_i`.
 """
@@ -115,9 +116,11 @@ def conditional_tree_tokens(rule: str | Rule, tree: Tree, drafts, p, q) -> float
     1.75
     """
     r = get_rule(rule)
-    if not callable(getattr(r, "try_law", None)):
+    judged = callable(getattr(r, "topology_law", None))
+    if not callable(getattr(r, "try_law", None)) and not judged:
         raise ValueError(f"conditional_tree_tokens needs a rule that states which try accepts "
-                         f"given the drafts (rule.try_law: token, rrs), not {r.name!r}")
+                         f"given the drafts (rule.try_law: token, rrs) or the law of a call "
+                         f"given the tree (rule.topology_law: traversal), not {r.name!r}")
     check_tree_rule(r, tree)
     d = np.asarray(drafts, dtype=np.int64).reshape(-1)
     P, Q = (np.asarray(a, dtype=np.float64) for a in (p, q))
@@ -126,6 +129,8 @@ def conditional_tree_tokens(rule: str | Rule, tree: Tree, drafts, p, q) -> float
         raise ValueError(f"a {tree.size}-node tree takes drafts [N] and p, q [N + 1, V]; got "
                          f"{d.shape}, {P.shape}, {Q.shape}")
     P, Q = P / P.sum(-1, keepdims=True), Q / Q.sum(-1, keepdims=True)
+    if judged:
+        return 1.0 + sum(len(pre) * float(pr) for pre, pr, _ in r.topology_law(tree, d, P, Q))
     replacement = tree.children == "iid"
 
     def value(S: tuple[int, ...]) -> float:

@@ -27,10 +27,16 @@ everything decided so far:
 
 For ``Tree.from_chains(k, gamma)`` this is the walk of :mod:`coupling.rules.walk` (a merged
 node's survivors are the chains through it), and :func:`tree_outcomes` hands such a tree to
-``rule.outcomes`` itself, so every number on today's trees is unchanged to the bit. Rules
-that judge ``k`` equal-length paths as a whole (``block``, ``traversal``, ``gbv``) and the
-keyed-noise drafters (``gumbel``, ``gls``, whose columns follow chains) take chain trees only;
-a topology they cannot verify is a ``ValueError`` that says why.
+``rule.outcomes`` itself, so every number on today's trees is unchanged to the bit.
+
+Traversal verification judges the drafted tree as a whole on any shape: its trie (coinciding
+i.i.d. siblings merge with their subtrees, children in order of first appearance), whose
+next child given everything revealed has the draft's law restricted to the unseen tokens, the
+one condition its losslessness argument needs (:mod:`coupling.rules.traversal`);
+:func:`judged_outcomes` enumerates the fillings of the tree and its exact law given each.
+``block`` and ``gbv`` (which judge ``k`` equal-length paths) and the keyed-noise drafters
+(``gumbel``, ``gls``, whose columns follow chains) take chain trees only; a topology they
+cannot verify is a ``ValueError`` that says why.
 
 Cost: the enumeration visits ``V^m`` draft tuples at a node of ``m`` drafts and every emitted
 prefix up to the depth; it is meant for small vocabularies (:data:`MAX_NODE_TUPLES`).
@@ -47,8 +53,8 @@ from ..rules import Rule
 from ..rules.topology import check_tree_rule
 from ..tree import Tree
 
-__all__ = ["tree_outcomes", "topology_outcomes", "drafted_tries", "MAX_NODE_TUPLES",
-           "MAX_FILLINGS"]
+__all__ = ["tree_outcomes", "topology_outcomes", "judged_outcomes", "fillings", "drafted_tries",
+           "MAX_NODE_TUPLES", "MAX_FILLINGS"]
 
 #: Largest number of draft tuples (``V^m``) the enumeration reads at one node.
 MAX_NODE_TUPLES = 200_000
@@ -61,6 +67,8 @@ def tree_outcomes(rule: Rule, target: Callable, draft: Callable, tree: Tree,
     on a tree of chains, :func:`topology_outcomes` on any other."""
     check_tree_rule(rule, tree)
     chains = tree.chains()
+    if chains is None and rule.unit != "token":
+        return judged_outcomes(rule, target, draft, tree, context)
     if chains is None:
         return topology_outcomes(rule, target, draft, tree, context)
     k, gamma, replacement = chains
@@ -129,6 +137,50 @@ def _node_law(rule: Rule, p: np.ndarray, q: np.ndarray, C: tuple[int, ...], law:
 
 #: Largest number of ways to fill a tree (``V^N``) :func:`drafted_tries` may enumerate.
 MAX_FILLINGS = 2_000_000
+
+
+def judged_outcomes(rule: Rule, target: Callable, draft: Callable, tree: Tree,
+                    context: tuple) -> Iterator[tuple[tuple[int, ...], int, object]]:
+    """The law of one call of a rule that judges the drafted tree as a whole
+    (``rule.topology_law``: ``traversal``), over every way the drafter fills ``tree``
+    (:func:`fillings`)."""
+    check_tree_rule(rule, tree)
+    for tokens, prob in fillings(draft, tree, context):
+        prefixes = [()] + [tuple(tokens[m] for m in tree.path_to(n)) for n in range(tree.size)]
+        P = np.stack([np.asarray(target(context + x), dtype=np.float64) for x in prefixes])
+        Q = np.stack([np.asarray(draft(context + x), dtype=np.float64) for x in prefixes])
+        for pre, pr, nxt in rule.topology_law(tree, np.array(tokens), P, Q):
+            for y in np.flatnonzero(nxt != 0):
+                yield pre + (int(y),), len(pre), prob * pr * nxt[y]
+
+
+def fillings(draft: Callable, tree: Tree, context: tuple) -> Iterator[tuple[tuple[int, ...],
+                                                                             float]]:
+    """Every way the drafter fills ``tree`` after ``context``: ``(token of each node, in node
+    order; probability)`` (float; at most :data:`MAX_FILLINGS`)."""
+    V = np.asarray(draft(context)).size
+    if tree.size * np.log(V) > np.log(MAX_FILLINGS):
+        raise ValueError(f"a {tree.size}-node tree over V={V} tokens has about "
+                         f"{float(V) ** tree.size:.3g} fillings, above {MAX_FILLINGS}; the exact "
+                         "enumeration is for small trees and vocabularies")
+
+    def fill(n: int, tokens: tuple[int, ...], prob: float) -> Iterator:
+        if n == tree.size:
+            yield tokens, prob
+            return
+        a = tree.parent[n]
+        up = tuple(tokens[m] for m in tree.path_to(a))
+        q = np.asarray(draft(context + up), dtype=np.float64)
+        earlier = [tokens[m] for m in tree.kids[a] if m < n]
+        if tree.children == "distinct" and len(tree.kids[a]) > np.count_nonzero(q):
+            raise ValueError(f"node {a} has {len(tree.kids[a])} children drawn without "
+                             f"replacement, but the draft gives {np.count_nonzero(q)} token(s) "
+                             f"positive probability after {up}; use fewer children or "
+                             "children='iid'")
+        for x, w in _child_law(q, earlier, tree.children):
+            yield from fill(n + 1, tokens + (x,), prob * w)
+
+    yield from fill(0, (), 1.0)
 
 
 def drafted_tries(target: Callable, draft: Callable, tree: Tree,

@@ -85,6 +85,17 @@ Claims and their status
   :math:`1 - q(c)`, so it serves :math:`\sum_x \min(r(x)(1 - q(c)), q(x))` of target mass
   where the walk serves :math:`\sum_x \min(r(x), q(x))`.
 
+Static trees of any shape (:class:`coupling.Tree`)
+--------------------------------------------------
+The same schedule runs on the trie of a drafted static tree (:func:`topology_trie`): one node
+per distinct drafted prefix, so coinciding i.i.d. siblings merge with their subtrees, and
+children in order of first appearance in the tree's node order. A node's next child, given
+everything revealed, is then the next distinct token among i.i.d. draws of a number fixed by
+what was revealed (or a successive draw without replacement), which has law :math:`s`: the
+condition above. Checked by exact enumeration of whole output streams on random topologies
+of up to six nodes (``tests/test_topology.py``); on ``Tree.from_chains`` it is the chain
+schedule, decision for decision. The batched twin takes trees of chains only.
+
 Information model: the drafted tree and :math:`p, q` at its nodes (whole vectors; the
 residual updates read them). Optimality gap: :func:`coupling.full_information_tree_accepted`
 bounds it (``benchmarks/bench_trees.py``).
@@ -98,9 +109,11 @@ from typing import NamedTuple
 import numpy as np
 
 from ..common import categorical
+from ...tree import Tree
 from ..trie import NegativeControl, TreeLaw, TreeRule, Trie, build_trie, unit_of
 
-__all__ = ["Step", "schedule", "verify_block", "law", "Traversal", "TraversalControl", "RULE",
+__all__ = ["Step", "schedule", "verify_block", "law", "topology_trie", "topology_schedule",
+           "verify_topology", "topology_law", "Traversal", "TraversalControl", "RULE",
            "CONTROLS"]
 
 #: Deliberately broken variants (negative controls), each a plausible mistake:
@@ -123,14 +136,14 @@ class Step(NamedTuple):
 
 
 class _State:
-    """Weights ``w``, target laws ``r``, draft laws ``s`` and remaining children per node."""
+    """Weights ``w``, target laws ``r``, draft laws ``s`` and remaining children per node;
+    ``r[n]``, ``s[n]`` start as the laws after node ``n``'s prefix (``s`` only where ``n`` has
+    children)."""
 
-    def __init__(self, trie: Trie, p: np.ndarray, q: np.ndarray):
-        gamma = p.shape[1] - 1
-        self.trie, self.one = trie, unit_of(p)
-        self.r = [p[trie.branch[n], trie.depth(n)].copy() for n in range(trie.size)]
-        self.s = [q[trie.branch[n], trie.depth(n)].copy() if trie.depth(n) < gamma else None
-                  for n in range(trie.size)]
+    def __init__(self, trie: Trie, r: list[np.ndarray], s: list[np.ndarray | None]):
+        self.trie, self.one = trie, unit_of(r[0])
+        self.r = [x.copy() for x in r]
+        self.s = [None if x is None else x.copy() for x in s]
         self.w = [self.one] * trie.size
         self.kids = [list(c) for c in trie.children]
         self.reweigh(0)
@@ -185,7 +198,14 @@ def schedule(drafts: np.ndarray, p: np.ndarray, q: np.ndarray, *,
     sequence does not depend on the coins; the last candidate is the root, with ``accept = 1``.
     """
     trie = build_trie(drafts)
-    state = _State(trie, p, q)
+    gamma = p.shape[1] - 1
+    r = [p[trie.branch[n], trie.depth(n)] for n in range(trie.size)]
+    s = [q[trie.branch[n], trie.depth(n)] if trie.depth(n) < gamma else None
+         for n in range(trie.size)]
+    return _schedule(_State(trie, r, s), control)
+
+
+def _schedule(state: _State, control: str | None) -> Iterator[Step]:
     while True:
         c = state.first_leaf()
         if c == 0:
@@ -193,6 +213,69 @@ def schedule(drafts: np.ndarray, p: np.ndarray, q: np.ndarray, *,
             return
         yield Step(c, state.w[c], state.r[c])
         state.reject(c, control)
+
+
+def topology_trie(tree: Tree, drafts: np.ndarray) -> tuple[Trie, tuple[int, ...]]:
+    """The trie of a drafted static tree of any shape (:class:`coupling.Tree`): one node per
+    distinct drafted prefix (coinciding i.i.d. siblings merge, with their subtrees), children
+    in order of first appearance in the tree's node order; and for each trie node the first
+    tree node with its prefix (``-1`` for the root), whose laws and coin it takes.
+
+    On ``Tree.from_chains(k, gamma)`` it is :func:`build_trie`'s trie up to the numbering, so
+    the schedule is the chain schedule."""
+    index: dict[tuple[int, ...], int] = {(): 0}
+    prefix: list[tuple[int, ...]] = [()]
+    parent, first = [-1], [-1]
+    children: list[list[int]] = [[]]
+    node_prefix: list[tuple[int, ...]] = []
+    for n, a in enumerate(tree.parent):
+        key = (node_prefix[a] if a >= 0 else ()) + (int(drafts[n]),)
+        node_prefix.append(key)
+        if key not in index:
+            up = index[key[:-1]]
+            index[key] = len(prefix)
+            children[up].append(len(prefix))
+            prefix.append(key)
+            parent.append(up)
+            children.append([])
+            first.append(n)
+    trie = Trie(tuple(prefix), tuple(parent), tuple(tuple(c) for c in children), tuple(first))
+    return trie, tuple(first)
+
+
+def topology_schedule(tree: Tree, drafts: np.ndarray, p: np.ndarray, q: np.ndarray, *,
+                      control: str | None = None) -> tuple[Trie, Iterator[Step]]:
+    """:func:`schedule` on a static tree: ``drafts [N]`` in node order, ``p``, ``q``
+    ``[N + 1, V]`` (:mod:`coupling.rules.topology`'s layout; validated rows). Returns the
+    trie (:func:`topology_trie`; ``trie.branch`` holds each node's first tree node) and the
+    candidates."""
+    trie, first = topology_trie(tree, drafts)
+    r = [p[1 + first[n]] for n in range(trie.size)]
+    s = [q[1 + first[n]] if trie.children[n] else None for n in range(trie.size)]
+    return trie, _schedule(_State(trie, r, s), control)
+
+
+def verify_topology(tree: Tree, drafts: np.ndarray, p: np.ndarray, q: np.ndarray,
+                    coins: np.ndarray, u: np.ndarray, *,
+                    control: str | None = None) -> tuple[int, int, int]:
+    """Deterministic core on a static tree: ``(accepted, node, next_token)``, ``node`` the
+    deepest accepted tree node (the first with the accepted prefix; ``-1``: none). A
+    candidate is accepted iff its first tree node's coin ``coins[n] < w``; the token is drawn
+    from its law with ``u[depth]``."""
+    trie, steps = topology_schedule(tree, drafts, p, q, control=control)
+    for step in steps:
+        n = trie.branch[step.node]
+        if step.node == 0 or coins[n] < step.accept:
+            d = trie.depth(step.node)
+            return d, n, categorical(step.law, float(u[d]))
+    raise AssertionError("the schedule always ends at the root")
+
+
+def topology_law(tree: Tree, drafts: np.ndarray, p: np.ndarray, q: np.ndarray, *,
+                 control: str | None = None) -> TreeLaw:
+    """:func:`law` on a static tree (layout of :func:`topology_schedule`)."""
+    trie, steps = topology_schedule(tree, drafts, p, q, control=control)
+    return _law(trie, steps, unit_of(p))
 
 
 def verify_block(drafts: np.ndarray, p: np.ndarray, q: np.ndarray, coins: np.ndarray,
@@ -215,9 +298,12 @@ def law(drafts: np.ndarray, p: np.ndarray, q: np.ndarray, *,
         control: str | None = None) -> TreeLaw:
     r"""Exact law of one call given the validated tree: ``[(prefix, probability, next law)]``,
     :math:`P(\text{stop at candidate } t) = a_t \prod_{s<t} (1 - a_s)`."""
-    trie = build_trie(drafts)
-    out, alive = [], unit_of(p)
-    for step in schedule(drafts, p, q, control=control):
+    return _law(build_trie(drafts), schedule(drafts, p, q, control=control), unit_of(p))
+
+
+def _law(trie: Trie, steps: Iterator[Step], one) -> TreeLaw:
+    out, alive = [], one
+    for step in steps:
         pr = alive * step.accept
         if pr != 0:
             out.append((trie.prefix[step.node], pr, step.law))
@@ -243,6 +329,14 @@ class Traversal(TreeRule):
 
     def _verify_block(self, drafts, p, q, coins, u, replacement) -> tuple[int, int, int]:
         return verify_block(drafts, p, q, coins, u, control=self.control)
+
+    def topology_law(self, tree: Tree, drafts, p, q) -> TreeLaw:
+        """:func:`topology_law`: the exact law of a call on a drafted static tree."""
+        return topology_law(tree, drafts, p, q, control=self.control)
+
+    def verify_topology(self, tree: Tree, drafts, p, q, coins, u) -> tuple[int, int, int]:
+        """:func:`verify_topology`: the deterministic core on a static tree."""
+        return verify_topology(tree, drafts, p, q, coins, u, control=self.control)
 
 
 class TraversalControl(NegativeControl, Traversal):
