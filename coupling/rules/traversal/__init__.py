@@ -108,8 +108,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..common import categorical
 from ...tree import Tree
+from ..common import categorical
 from ..trie import NegativeControl, TreeLaw, TreeRule, Trie, build_trie, unit_of
 
 __all__ = ["Step", "schedule", "verify_block", "law", "topology_trie", "topology_schedule",
