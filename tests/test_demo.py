@@ -53,7 +53,8 @@ def test_speedup_interval_refuses_malformed_runs(args, kwargs, msg):
     (["--draft-logit-scale", "inf"], "--draft-logit-scale"),
     (["--draft-logit-scale", "nan"], "--draft-logit-scale"),
     (["--tree", "3,x"], "--tree 3,x"), (["--tree", "eagle:99"], "--tree eagle:99"),
-    (["--tree", "3,2", "--tree-rule", "block"], "--tree-rule block"),
+    (["--tree", "3,2", "--tree-rule", "rrs,block"], "--tree-rule block"),
+    (["--tree", "3,2", "--tree-rule", ","], "--tree-rule: empty"),
     (["--tree", "3,2", "--tree-rule", "typical"], "lossless")])
 def test_demo_refuses_settings_before_loading_models(argv, msg):
     """Settings the run would otherwise replace (--prompts 0 by 8 prompts, --gamma -3 by plain
@@ -155,10 +156,12 @@ def test_a_tree_adds_its_line_and_reports_its_nodes():
     from coupling.llm.demo.report import format_table, header
     from coupling.llm.demo.run import select_methods
 
-    args = build_parser().parse_args(["--methods", "token", "--tree", "eagle:16"])
+    args = build_parser().parse_args(["--methods", "token", "--tree", "eagle:16",
+                                      "--tree-rule", "rrs,traversal"])
     methods = select_methods(args)
-    assert [m.label for m in methods] == ["autoregressive", "token", "rrs_tree"]
-    assert methods[-1] == Method("engine", "rrs", tree="eagle:16")
+    assert [m.label for m in methods] == ["autoregressive", "token", "rrs_tree",
+                                          "traversal_tree"]
+    assert methods[2] == Method("engine", "rrs", tree="eagle:16")
     assert methods[-1].topology().size == 16
     row = {"k": 1, "block_efficiency": 1.6, "predicted_block_efficiency": 1.55,
            "acceptance_rate": 0.04, "target_calls": 10, "tokens_per_s": 20.0,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .report import speedup_interval
-from .settings import FULL, QUICK, Method, check_args, load_prompts, resolve_auto, tree_method
+from .settings import FULL, QUICK, Method, check_args, load_prompts, resolve_auto, tree_methods
 
 
 @dataclass
@@ -65,10 +65,10 @@ def select_methods(args: argparse.Namespace) -> list[Method]:
               (QUICK if args.quick else [m.label for m in FULL]))
     by_label = {m.label: m for m in FULL}
     if getattr(args, "tree", None) is not None:
-        extra = tree_method(args)
-        by_label[extra.label] = extra
-        if extra.label not in wanted:
-            wanted = [*wanted, extra.label]
+        for extra in tree_methods(args):
+            by_label[extra.label] = extra
+            if extra.label not in wanted:
+                wanted = [*wanted, extra.label]
     unknown = [w for w in wanted if w not in by_label]
     if unknown:
         raise ValueError(f"--methods: unknown {unknown}; choose from {sorted(by_label)}")

@@ -105,13 +105,19 @@ QUICK = ["autoregressive", "hf_assisted", "token", "block", "kseq_k2", "gumbel",
          "block_feature"]
 
 
-def tree_method(args: argparse.Namespace) -> Method:
-    """The line ``--tree`` adds: ``--tree-rule`` on that tree (``ValueError`` naming the
-    option when the tree is malformed or the rule cannot verify it)."""
-    try:
-        return Method("engine", args.tree_rule, tree=args.tree)
-    except ValueError as exc:
-        raise ValueError(f"--tree {args.tree} --tree-rule {args.tree_rule}: {exc}") from None
+def tree_methods(args: argparse.Namespace) -> list[Method]:
+    """The lines ``--tree`` adds: each rule of ``--tree-rule`` (comma-separated) on that tree
+    (``ValueError`` naming the option when the tree is malformed or a rule cannot verify
+    it)."""
+    out = []
+    for rule in [r.strip() for r in args.tree_rule.split(",") if r.strip()]:
+        try:
+            out.append(Method("engine", rule, tree=args.tree))
+        except ValueError as exc:
+            raise ValueError(f"--tree {args.tree} --tree-rule {rule}: {exc}") from None
+    if not out:
+        raise ValueError("--tree-rule: empty; name at least one rule")
+    return out
 
 
 def load_prompts() -> list[str]:
@@ -142,7 +148,7 @@ def check_args(args: argparse.Namespace) -> None:
     if args.methods is not None and not [m for m in args.methods.split(",") if m.strip()]:
         raise ValueError("--methods: empty; name at least one method, or leave it out")
     if getattr(args, "tree", None) is not None:
-        tree_method(args)        # a bad tree or a rule that cannot verify it, named now
+        tree_methods(args)       # a bad tree or a rule that cannot verify it, named now
     for opt, path in (("--json", args.json), ("--plot", args.plot)):
         if path is not None and Path(path).is_dir():
             raise ValueError(f"{opt} {path}: is a directory; give a file name")
@@ -189,7 +195,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "specinfer:12) or a .json list of paths; i.i.d. children, verified by "
                          "--tree-rule (the line <rule>_tree)")
     ap.add_argument("--tree-rule", type=str, default="rrs",
-                    help="the rule that verifies --tree node by node (default rrs)")
+                    help="the rules that verify --tree, comma-separated (default rrs; "
+                         "rrs,kseq,optimal,traversal take i.i.d. children)")
     ap.add_argument("--multi-draft-layout", choices=("tree", "batch"), default="tree",
                     help="verify k > 1 branches as one row with tree attention (one call of "
                          "1 + k * gamma tokens) or as a batch of k rows over a repeated cache")
