@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -176,3 +178,37 @@ def test_a_tree_adds_its_line_and_reports_its_nodes():
                       "draft_quant": "none", "draft_logit_scale": 1.0, "target_quant": "none"},
            "rules": {"rrs_tree": row}}
     assert any(line.startswith("tree eagle:16: 16 nodes, depth 3") for line in header(res))
+
+
+def test_a_busy_machine_is_flagged_and_said_so(tmp_path):
+    """The demo measures the CPU time other processes take during its timed runs: a busy
+    loop in another process (a simulated busy machine) makes the run's timings unreliable,
+    the JSON carries the flag and its reason, and the report warns; without /proc/stat the
+    flag is None and says why."""
+    import subprocess
+    import sys
+    import time
+
+    from coupling.llm.demo import load
+    from coupling.llm.demo.report import timings_line
+
+    first = load.snapshot()
+    if first.busy is None:
+        pytest.skip("no /proc/stat on this system")
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.5)
+        other = load.other_cores(first, load.snapshot())
+    finally:
+        busy.kill()
+        busy.wait()
+    assert other > 0.5                           # the loop held most of a core
+    reliable, why = load.verdict(other, 2)
+    assert reliable is False and "not trustworthy" in why
+    res = {"timings_reliable": reliable, "timings_reason": why}
+    assert timings_line(res).startswith("WARNING: timings: other processes kept")
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  100 0 50 900 5 0 0 10 0 0\ncpu0 1 2 3\n")
+    assert load._busy_seconds(stat) == pytest.approx(160 / os.sysconf("SC_CLK_TCK"))
+    assert load._busy_seconds(tmp_path / "missing") is None
+    assert load.verdict(None, 2)[0] is None and "/proc/stat" in load.verdict(None, 2)[1]

@@ -137,8 +137,18 @@ def header(res: dict) -> list[str]:
     return lines
 
 
+def timings_line(res: dict) -> str | None:
+    """Whether the run's timings can be trusted (:mod:`.load`), loudly when they cannot."""
+    if "timings_reason" not in res:
+        return None
+    warn = "WARNING: " if res.get("timings_reliable") is False else ""
+    return f"{warn}timings: {res['timings_reason']}"
+
+
 def render(res: dict) -> str:
     """The whole printed report of a run."""
     price = verification_price(res)
-    return "\n".join([*header(res), format_table(res), *([price] if price else []), LEGEND,
+    timing = timings_line(res)
+    return "\n".join([*header(res), format_table(res), *([timing] if timing else []),
+                      *([price] if price else []), LEGEND,
                       *(f"skipped {name}: {why}" for name, why in res["skipped"].items())])

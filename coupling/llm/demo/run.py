@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import load
 from .report import speedup_interval
 from .settings import FULL, QUICK, Method, check_args, load_prompts, resolve_auto, tree_methods
 
@@ -305,7 +306,10 @@ def run(args: argparse.Namespace) -> dict:
 
     skipped: dict[str, str] = {}
     methods = runnable(methods, skipped, lambda m: one(m, encoded[0], 12345, 8))
+    before = load.snapshot()
     acc = timed_runs(methods, encoded, one, args.seed, skipped, not args.no_progress)
+    other = load.other_cores(before, load.snapshot())
+    reliable, why = load.verdict(other, os.cpu_count())
     ar = acc["autoregressive"]
     baselines = {m.label: baseline_row(acc[m.label], ar) for m in methods
                  if m.kind in ("ar", "hf") and m.label in acc}
@@ -314,5 +318,6 @@ def run(args: argparse.Namespace) -> dict:
     return {"models": describe_models(mdl, args),
             "settings": describe_settings(args, cfg, mdl, size, tree),
             "baselines": baselines, "rules": rules, "skipped": skipped,
-            "autoregressive_target_call_ms": 1e3 * ar.target_s / max(ar.target_calls, 1)}
+            "autoregressive_target_call_ms": 1e3 * ar.target_s / max(ar.target_calls, 1),
+            "timings_reliable": reliable, "timings_reason": why, "other_processes_cores": other}
 
