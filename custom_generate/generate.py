@@ -6,9 +6,14 @@ Publish this folder in a model repository and call::
                           assistant_model=draft, do_sample=True, max_new_tokens=128,
                           rule="block", num_drafts=1, gamma=4, seed=0)
 
+``<repo>`` is a Hub repository id, or a local path to the repository root that holds this
+``custom_generate/`` folder (not the folder itself: transformers reads
+``custom_generate/generate.py`` under the path it is given).
+
 It runs :func:`coupling.hf.generate` (the same code as
-``generate(custom_generate=coupling.hf.generate)``): ``rule`` is one of ``token``, ``block``,
-``kseq``, ``rrs``, ``optimal``, ``gumbel``; every row's output has the law of plain
+``generate(custom_generate=coupling.hf.generate)``): ``rule`` is any lossless rule of
+``coupling.RULES`` (``sorted(n for n, r in coupling.RULES.items() if r.lossless)``), and
+``tree=`` a :class:`coupling.Tree`; every row's output has the law of plain
 ``generate(do_sample=True)`` with the same arguments.
 """
 

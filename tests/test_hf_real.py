@@ -60,3 +60,19 @@ def test_smollm2_padded_batch_rows_equal_batch_size_one(smollm2):
         assert one.sequences[0, len(prompt):].tolist() == row[: one.sequences.shape[1]
                                                                - len(prompt)]
         assert one.num_accepted_tokens.item() == out.num_accepted_tokens[b].item()
+
+
+def test_the_readme_hugging_face_example_runs_as_written(capsys):
+    """The README's Hugging Face section, executed as written: both rows of the padded batch
+    continue their own prompt and stop at the token budget or an end of text."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text[text.index("## Inside Hugging Face `generate`"):]
+    code = section[section.index("```python") + len("```python"):section.index("```\n", 10)]
+    names: dict = {}
+    exec(compile(code, "README.md", "exec"), names)
+    out, batch = names["out"], names["batch"]
+    assert out.shape[0] == 2 and out.shape[1] <= batch["input_ids"].shape[1] + 64
+    printed = capsys.readouterr().out
+    assert "The capital of France is" in printed and "def fibonacci(n):" in printed

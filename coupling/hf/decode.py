@@ -39,8 +39,8 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
 
     Parameters
     ----------
-    rule : a lossless rule of ``coupling.RULES`` (``token``, ``block``, ``kseq``, ``rrs``,
-        ``optimal``, ``gumbel``).
+    rule : a lossless rule of ``coupling.RULES``
+        (``sorted(n for n, r in coupling.RULES.items() if r.lossless)``).
     num_drafts : draft branches per step (``k``); multi-draft rules only.
     gamma : tokens drafted per branch and step.
     replacement : i.i.d. branches (True) or distinct first tokens (False: successive draws, or
