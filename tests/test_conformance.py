@@ -113,6 +113,19 @@ def test_check_is_reproducible_and_reports_what_it_ran():
     assert "PASS" in text and "dirichlet" in text
 
 
+def test_a_pass_reads_its_tv_against_the_noise_of_a_lossless_sampler():
+    """Over many strings a lossless verifier's plug-in TV sits at its sampling-noise floor,
+    above the detectable TV; the report says so, and the floor tracks the estimate pair by
+    pair (fixed seed)."""
+    a = check_verifier(from_rule("token"), gamma=3, draws=3000, seed=1)
+    assert a.ok
+    for r in a.pairs:
+        assert 0.5 * r.noise_tv <= r.tv <= 1.5 * r.noise_tv + 0.01, r.name
+    worst = max(a.pairs, key=lambda r: r.tv)
+    assert worst.tv > a.detectable_tv / 2
+    assert f"sampling noise here: about {worst.noise_tv:.3g}" in str(a)
+
+
 def test_own_pairs_and_a_context_free_blind_spot():
     """A verifier that takes the bonus from the last drafted position's law (an off-by-one)
     is exact on context-free models, which is what per-position tests use, and caught on

@@ -60,6 +60,7 @@ import numpy as np
 from scipy import optimize, special, stats
 
 __all__ = [
+    "noise_tv",
     "MIN_EXPECTED",
     "POWER",
     "Result",
@@ -160,6 +161,20 @@ def detectable_tv(n: int, dof: int, alpha: float, power: float = POWER) -> float
         hi *= 2.0
     lam = optimize.brentq(gap, 1e-9, hi, xtol=1e-6)
     return min(1.0, math.sqrt(lam / (4.0 * n)))
+
+
+def noise_tv(probs: np.ndarray, n: int) -> float:
+    r"""The plug-in TV that a lossless sampler shows after ``n`` draws, by sampling noise
+    alone: :math:`\tfrac12 \sum_i E|\hat p_i - p_i| \approx \tfrac12 \sum_i
+    \sqrt{2 p_i (1 - p_i) / (\pi n)}` (the normal approximation of each cell's mean absolute
+    deviation). Why: over many strings this floor exceeds the detectable TV, so a passing
+    verifier's plug-in estimate is read against it, not against zero.
+
+    >>> round(noise_tv(np.full(4, 0.25), 10_000), 4)
+    0.0069
+    """
+    p = np.asarray(probs, dtype=np.float64)
+    return float(0.5 * np.sqrt(2.0 * p * (1.0 - p) / (math.pi * n)).sum())
 
 
 def tv_interval(halves: np.ndarray, probs: np.ndarray,
