@@ -15,7 +15,8 @@ best acceptance any coupling reaches at that distortion (an LP).
 
 A registered command is a function ``main(argv: list[str]) -> int`` named by an entry point
 ``name = "module:function"`` in the group ``coupling.commands``; ``coupling name ...`` calls
-it with the remaining arguments.
+it with the remaining arguments, and ``coupling --help`` shows the ``HELP`` string of its
+module.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from .dist import check_pair, tv
+from .flags import flag_words
 from .lp.solve import COUPLING_SOLVERS, solve_coupling
 
 
@@ -256,13 +258,11 @@ def _commands() -> dict:
     return {ep.name: ep for ep in entry_points(group="coupling.commands")}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="coupling",
-        description="Speculative decoding as distribution coupling and optimal transport.",
-    )
-    sub = parser.add_subparsers(dest="command", required=True)
-    a = sub.add_parser("analyze", help="exact analysis of a target/draft pair")
+ANALYZE_HELP = "exact analysis of a target/draft pair"
+
+
+def analyze_arguments(a: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of ``coupling analyze`` on the parser ``a``."""
     a.add_argument(
         "--target", required=True, help="target probabilities, e.g. 0.5,0.3,0.2 or 1/3,2/3"
     )
@@ -279,9 +279,27 @@ def build_parser() -> argparse.ArgumentParser:
     )
     a.add_argument("--seed", type=int, default=0, help="seed of the toy model used with --gamma")
     a.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return a
+
+
+def _summary(ep) -> str:
+    """A registered command's one-line help: the ``HELP`` string of its ``main``'s module."""
+    try:
+        text = getattr(sys.modules[ep.load().__module__], "HELP", "")
+    except Exception:                     # a broken plug-in must not break `coupling --help`
+        text = ""
+    return f"{text} (`coupling {ep.name} --help`)" if text else f"`coupling {ep.name} --help`"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="coupling",
+        description="Speculative decoding as distribution coupling and optimal transport.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    analyze_arguments(sub.add_parser("analyze", help=ANALYZE_HELP))
     for name, ep in sorted(_commands().items()):
-        sub.add_parser(name, help=f"registered by {ep.value.split(':')[0]} (see `coupling "
-                                  f"{name} --help`)", add_help=False)
+        sub.add_parser(name, help=_summary(ep), add_help=False)
     return parser
 
 
@@ -290,7 +308,11 @@ def main(argv: list[str] | None = None) -> int:
     commands = _commands()
     if argv and argv[0] in commands and argv[0] != "analyze":
         return int(commands[argv[0]].load()(argv[1:]) or 0)
-    args = build_parser().parse_args(argv)
+    if argv and argv[0] == "analyze":     # its own usage line for its own mistakes
+        args = analyze_arguments(argparse.ArgumentParser(
+            prog="coupling analyze", description=ANALYZE_HELP)).parse_args(argv[1:])
+    else:
+        args = build_parser().parse_args(argv)
     from .lp.solvers import SolverError
 
     try:
@@ -301,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         _silence_stdout()
         return 1
     except (ValueError, OverflowError) as exc:       # bad input
-        print(f"coupling analyze: error: {exc}", file=sys.stderr)
+        print(f"coupling analyze: error: {flag_words(str(exc))}", file=sys.stderr)
         return 2
     except SolverError as exc:                        # an LP that could not be certified
         print(f"coupling analyze: solver error: {exc}", file=sys.stderr)

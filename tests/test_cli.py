@@ -161,6 +161,29 @@ def test_help_lists_every_installed_command():
     assert proc.returncode == 0, proc.stderr
     for name in ["analyze", *(ep.name for ep in entry_points(group="coupling.commands"))]:
         assert name in proc.stdout
+    assert "registered by" not in proc.stdout
+    assert "reproduces the target's law" in proc.stdout and "side by side" in proc.stdout
+
+
+@pytest.mark.parametrize("command", ["analyze", "conformance"])
+def test_an_unknown_option_shows_the_commands_own_usage(command, capsys):
+    """A mistyped option is the command's own error, with its usage line and exit 2."""
+    argv = {"analyze": ["--target", "0.5,0.5", "--draft", "0.5,0.5", "--rule", "rrs"],
+            "conformance": ["m:v", "--k-drafts", "2"]}[command]
+    with pytest.raises(SystemExit) as exc:
+        main([command, *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: coupling {command} ") and "unrecognized arguments" in err
+
+
+def test_messages_name_the_command_line_flags(capsys):
+    """A message from the library that reaches the shell names the flags, not the Python
+    arguments (--drafts, not k=)."""
+    assert main(["analyze", "--target", "0.5,0.5", "--draft", "0.5,0.5", "--drafts", "300"]) \
+        == 2
+    err = capsys.readouterr().err
+    assert "--drafts 300" in err and "k=" not in err
 
 
 def test_analyze_says_what_it_leaves_out(capsys):

@@ -27,17 +27,24 @@ import sys
 import time
 import traceback
 
-__all__ = ["add_parser", "run", "load", "main"]
+from ..flags import flag_words
+
+__all__ = ["add_parser", "add_arguments", "run", "load", "main", "HELP", "DESCRIPTION"]
+
+
+HELP = "check that a verifier reproduces the target's law over whole sequences"
+DESCRIPTION = ("Run whole generation loops of a verifier on context-dependent model pairs and "
+               "test the law of the first tokens against the target's exact law.")
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``conformance`` subcommand on ``subparsers`` (from ``add_subparsers``)."""
-    a = subparsers.add_parser(
-        "conformance",
-        help="check that a verifier reproduces the target's law over whole sequences",
-        description="Run whole generation loops of a verifier on context-dependent model "
-        "pairs and test the law of the first tokens against the target's exact law.",
-    )
+    return add_arguments(subparsers.add_parser("conformance", help=HELP,
+                                               description=DESCRIPTION))
+
+
+def add_arguments(a: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The options of ``coupling conformance`` on the parser ``a``."""
     a.add_argument("target", metavar="MODULE:NAME", help="the verifier, e.g. mypkg.spec:verify")
     a.add_argument("--vocab-size", type=int, default=3, metavar="V", help="vocabulary (3)")
     a.add_argument("--gamma", type=int, default=2, metavar="G", help="drafts per branch (2)")
@@ -119,7 +126,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"coupling conformance: FAIL: {exc}", file=sys.stderr)
         return 1
     except (ValueError, TypeError) as exc:
-        print(f"coupling conformance: error: {exc}", file=sys.stderr)
+        print(f"coupling conformance: error: {flag_words(str(exc))}", file=sys.stderr)
         return 2
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.table())
     return 0 if report.ok else 1
@@ -127,7 +134,6 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``coupling conformance ...`` (registered in the entry-point group ``coupling.commands``)."""
-    parser = argparse.ArgumentParser(prog="coupling")
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["conformance", *(sys.argv[1:] if argv is None else argv)])
-    return run(args)
+    parser = add_arguments(argparse.ArgumentParser(prog="coupling conformance",
+                                                   description=DESCRIPTION))
+    return run(parser.parse_args(sys.argv[1:] if argv is None else argv))

@@ -11,6 +11,9 @@ from .report import render
 from .run import run
 from .settings import build_parser
 
+#: the line ``coupling --help`` shows for this command
+HELP = "speculative sampling on SmolLM2-135M, every verification rule side by side"
+
 
 def main(argv: list[str] | None = None) -> int:
     for key, value in (("HF_HUB_OFFLINE", "1"), ("TRANSFORMERS_OFFLINE", "1"),
