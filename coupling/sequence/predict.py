@@ -43,7 +43,7 @@ from ..rules.topology import check_tree_rule
 from ..tree import Tree
 
 __all__ = ["check_record", "predicted_tokens", "optimal_tokens", "conditional_tokens",
-           "conditional_tree_tokens"]
+           "conditional_tree_tokens", "node_reach"]
 
 
 def check_record(drafts, p, q, branch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
@@ -121,14 +121,7 @@ def conditional_tree_tokens(rule: str | Rule, tree: Tree, drafts, p, q) -> float
         raise ValueError(f"conditional_tree_tokens needs a rule that states which try accepts "
                          f"given the drafts (rule.try_law: token, rrs) or the law of a call "
                          f"given the tree (rule.topology_law: traversal), not {r.name!r}")
-    check_tree_rule(r, tree)
-    d = np.asarray(drafts, dtype=np.int64).reshape(-1)
-    P, Q = (np.asarray(a, dtype=np.float64) for a in (p, q))
-    if d.shape != (tree.size,) or P.shape != Q.shape or P.ndim != 2 \
-            or P.shape[0] != tree.size + 1:
-        raise ValueError(f"a {tree.size}-node tree takes drafts [N] and p, q [N + 1, V]; got "
-                         f"{d.shape}, {P.shape}, {Q.shape}")
-    P, Q = P / P.sum(-1, keepdims=True), Q / Q.sum(-1, keepdims=True)
+    d, P, Q = _tree_call(r, tree, drafts, p, q)
     if judged:
         return 1.0 + sum(len(pre) * float(pr) for pre, pr, _ in r.topology_law(tree, d, P, Q))
     replacement = tree.children == "iid"
@@ -145,3 +138,49 @@ def conditional_tree_tokens(rule: str | Rule, tree: Tree, drafts, p, q) -> float
         return out
 
     return value((-1,))
+
+
+def node_reach(rule: str | Rule, tree: Tree, drafts, p, q) -> np.ndarray:
+    """``[N]``: the probability, given the drafted tree, that the walk of a rule with
+    ``try_law`` passes through each node (the node drafted an emitted prefix); layout of
+    :func:`conditional_tree_tokens`. With children drawn without replacement no two nodes
+    share a prefix, so ``1 + reach.sum()`` is the conditional tokens per call, a sum over
+    nodes that :func:`coupling.sequence.plan.best_tree` maximises.
+
+    >>> from coupling import Tree
+    >>> p = np.array([[0.5, 0.5]] * 3); q = np.array([[1.0, 0.0]] * 3)
+    >>> node_reach("rrs", Tree.chain(2), [0, 0], p, q).tolist()
+    [0.5, 0.25]
+    """
+    r = get_rule(rule)
+    if not callable(getattr(r, "try_law", None)):
+        raise ValueError(f"node_reach needs a rule with try_law (token, rrs), not {r.name!r}")
+    d, P, Q = _tree_call(r, tree, drafts, p, q)
+    replacement = tree.children == "iid"
+    reach = np.zeros(tree.size)
+
+    def walk(S: tuple[int, ...], mass: float) -> None:
+        C = sorted(c for a in S for c in tree.kids[a])
+        if not C:
+            return
+        law = r.try_law(P[1 + S[0]], Q[1 + S[0]], d[C], replacement)
+        for i, c in enumerate(C):
+            if law[i] > 0:
+                nxt = tuple(m for m in C if d[m] == d[c])
+                reach[list(nxt)] += mass * float(law[i])
+                walk(nxt, mass * float(law[i]))
+
+    walk((-1,), 1.0)
+    return reach
+
+
+def _tree_call(r: Rule, tree: Tree, drafts, p, q) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One call's validated drafts ``[N]`` and normalised float64 laws ``[N + 1, V]``."""
+    check_tree_rule(r, tree)
+    d = np.asarray(drafts, dtype=np.int64).reshape(-1)
+    P, Q = (np.asarray(a, dtype=np.float64) for a in (p, q))
+    if d.shape != (tree.size,) or P.shape != Q.shape or P.ndim != 2 \
+            or P.shape[0] != tree.size + 1:
+        raise ValueError(f"a {tree.size}-node tree takes drafts [N] and p, q [N + 1, V]; got "
+                         f"{d.shape}, {P.shape}, {Q.shape}")
+    return d, P / P.sum(-1, keepdims=True), Q / Q.sum(-1, keepdims=True)

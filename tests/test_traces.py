@@ -1,0 +1,168 @@
+"""Tree traces (:mod:`coupling.sequence.traces`): one recorded superset tree per call tells
+what any sub-tree would have been worth.
+
+* exact: over every filling of the superset, weighted by its probability, the per-call value
+  of a sub-tree is the sub-tree's exact tokens per call (``coupling.block_efficiency``), for
+  i.i.d. and distinct children and every rule with an exact conditional value;
+* sampled: traces recorded on many contexts estimate it within their bootstrap interval;
+* the file format round-trips, and a wrong vocabulary, sampling setting or version, or a
+  tree outside the superset, is a ``ValueError`` that says so.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import coupling
+from coupling import TabularLM, Tree
+from coupling.lm import check_models
+from coupling.sequence.topology import fillings
+from coupling.sequence.traces import (
+    FORMAT_VERSION,
+    TreeTraces,
+    call_tokens,
+    embed,
+    from_models,
+    tokens_per_call,
+)
+
+
+def pair(V: int, seed: int):
+    return (TabularLM(V, order=1, seed=seed, concentration=0.6),
+            TabularLM(V, order=1, seed=seed + 1, concentration=0.6))
+
+
+def every_filling(t, d, width: int, depth: int,
+                  children: str = "iid") -> tuple[TreeTraces, np.ndarray]:
+    """Traces holding every filling of the superset once, and the fillings' probabilities."""
+    superset = Tree.from_branching([width] * depth, children)
+    T, D, ctx = check_models(t, d, ())
+    rows, probs = [], []
+    for tokens, prob in fillings(D, superset, ctx):
+        rows.append(tokens)
+        probs.append(prob)
+    drafts = np.array(rows, dtype=np.int32)
+    prefixes = [[()] + [tuple(int(x[m]) for m in superset.path_to(n))
+                        for n in range(superset.size)] for x in drafts]
+    P = np.array([[T(ctx + r) for r in pre] for pre in prefixes])
+    Q = np.array([[D(ctx + r) for r in pre] for pre in prefixes])
+    V = P.shape[-1]
+    header = {"version": FORMAT_VERSION, "vocab_size": V, "width": width, "depth": depth,
+              "children": children}
+    S = len(rows)
+    traces = TreeTraces(header, np.tile(np.arange(V, dtype=np.int32), (S, 1)), drafts, P, Q,
+                        np.zeros(S, dtype=np.int32))
+    return traces, np.array(probs)
+
+
+@pytest.mark.parametrize("rule, tree", [
+    ("rrs", Tree.from_branching([2, 1])),
+    ("rrs", Tree.from_paths([(0,), (1,), (0, 0), (0, 1), (0, 0, 0)])),
+    ("token", Tree.chain(3)),
+    ("traversal", Tree.from_paths([(0,), (1,), (0, 0), (1, 0), (1, 1)])),
+    ("rrs", Tree.from_branching([2, 1], children="distinct")),
+])
+def test_a_sub_tree_of_the_superset_has_its_exact_value(rule, tree):
+    """Weighted by the probability of each filling of the superset (width 2, depth 3 over
+    V = 2; depth 2 over V = 3 without replacement), the sub-tree's per-call values average to
+    its exact tokens per call."""
+    t, d = pair(3 if tree.children == "distinct" else 2, 5)
+    traces, probs = every_filling(t, d, 2, 3 if tree.children == "iid" else 2, tree.children)
+    assert probs.sum() == pytest.approx(1.0, abs=1e-12)
+    value = float(probs @ call_tokens(traces, rule, tree))
+    assert value == pytest.approx(coupling.block_efficiency(rule, t, d, tree=tree), abs=1e-12)
+
+
+def test_recorded_traces_estimate_the_value_within_their_interval():
+    """Sampled supersets on 27 contexts: the estimate lies within its bootstrap interval over
+    contexts and within 4 standard errors of the exact value on those contexts."""
+    t, d = pair(3, 8)
+    contexts = [(a, b, c) for a in range(3) for b in range(3) for c in range(3)]
+    traces = from_models(t, d, 2, 2, contexts, np.random.default_rng(0), calls_per_context=40)
+    tree = Tree.from_branching([2, 1])
+    est = tokens_per_call(traces, "rrs", tree)
+    exact = np.mean([coupling.block_efficiency("rrs", t, d, tree=tree, context=c)
+                     for c in contexts])
+    values = call_tokens(traces, "rrs", tree)
+    assert est.low <= exact <= est.high and est.calls == 27 * 40
+    assert abs(est.mean - exact) < 4 * values.std() / np.sqrt(values.size)
+
+
+def test_the_format_round_trips_and_refuses_what_it_cannot_answer(tmp_path):
+    t, d = pair(3, 2)
+    traces = from_models(t, d, 2, 2, [(0,), (1,)], np.random.default_rng(1))
+    path = tmp_path / "t.npz"
+    traces.save(path)
+    back = TreeTraces.load(path)
+    assert back.header == traces.header and np.array_equal(back.p, traces.p)
+    assert list(embed(back.superset, Tree.from_branching([2, 1]))) == [0, 1, 2, 4]
+    traces.check(vocab_size=3, sampling={})
+    cases = [(lambda: traces.check(vocab_size=5), "recorded over 3 tokens"),
+             (lambda: traces.check(sampling={"temperature": 0.7}), "sampling settings"),
+             (lambda: call_tokens(traces, "rrs", Tree.from_branching([3])), "not in the "
+              "recorded superset"),
+             (lambda: call_tokens(traces, "strict", Tree.named("medusa", size=3)), "top-k"),
+             (lambda: call_tokens(traces, "rrs", Tree.from_branching([2], children="distinct")),
+              "its own law"),
+             (lambda: call_tokens(traces, "kseq", Tree.from_branching([2])), "try_law"),
+             (lambda: TreeTraces({**traces.header, "version": 99}, traces.idx, traces.drafts,
+                                 traces.p, traces.q, traces.context), "version 99")]
+    for call, match in cases:
+        with pytest.raises(ValueError, match=match):
+            call()
+    np.savez(tmp_path / "bad.npz", header=np.array(json.dumps(traces.header)))
+    with pytest.raises(ValueError, match="not a tree trace"):
+        TreeTraces.load(tmp_path / "bad.npz")
+
+
+# ----------------------------------------------------------------------------- the knapsack
+def _closed_subtrees(superset: Tree, n: int):
+    """Every sub-tree of n nodes closed under parents and earlier siblings (brute force)."""
+    import itertools
+
+    rank = {c: r for a in range(-1, superset.size) for r, c in enumerate(superset.kids[a])}
+    for combo in itertools.combinations(range(superset.size), n):
+        chosen = set(combo)
+        if all((superset.parent[v] < 0 or superset.parent[v] in chosen)
+               and all(c in chosen for c in superset.kids[superset.parent[v]][:rank[v]])
+               for v in chosen):
+            yield chosen
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_the_knapsack_finds_the_best_closed_sub_tree(n):
+    """Against exhaustive search over every closed sub-tree of a width-3 depth-2 superset,
+    with random node values (not monotone, so the greedy choice is no shortcut)."""
+    from coupling.sequence.plan import best_tree
+
+    superset = Tree.from_branching([3, 2])
+    values = np.random.default_rng(n).random(superset.size)
+    tree, value = best_tree(values, superset, n)
+    brute = max(sum(values[v] for v in s) for s in _closed_subtrees(superset, n))
+    assert value == pytest.approx(1 + brute, abs=1e-12) and tree.size == n
+    index = {path: v for v, path in enumerate(superset.paths())}
+    assert 1 + sum(values[index[path]] for path in tree.paths()) == pytest.approx(value)
+
+
+def test_the_best_tree_without_replacement_is_worth_what_the_knapsack_says():
+    """Children without replacement: the value adds over nodes, so the knapsack's value of
+    its tree is the tree's tokens per call on the traces, and no other tree of that size
+    scores more."""
+    from coupling.sequence.plan import best_tree, node_values, rank
+
+    t, d = pair(3, 12)
+    contexts = [(a, b) for a in range(3) for b in range(3)]
+    traces = from_models(t, d, 2, 3, contexts, np.random.default_rng(4), calls_per_context=5,
+                         children="distinct")
+    values = node_values(traces, "rrs")
+    for n in (2, 4, 6):
+        tree, value = best_tree(values, traces.superset, n)
+        assert tokens_per_call(traces, "rrs", tree).mean == pytest.approx(value, abs=1e-12)
+        others = [Tree.from_paths(sorted((traces.superset.paths()[v] for v in s),
+                                         key=lambda x: (len(x), x)), "distinct")
+                  for s in _closed_subtrees(traces.superset, n)]
+        best = rank(traces, [("rrs", o) for o in others])[0]
+        assert best.tokens_per_call.mean == pytest.approx(value, abs=1e-12)
