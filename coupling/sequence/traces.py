@@ -22,11 +22,11 @@ tokens, which an i.i.d. superset holds only by chance: they are not evaluated he
 
 Layout (version 1) of a ``.npz`` file: ``header`` (a JSON string: ``version``, ``vocab_size``,
 ``width``, ``depth``, ``children`` (``"iid"`` or ``"distinct"``), ``sampling``, ``models``), and
-per call ``s``: ``idx [S, U]`` the token ids
-of the laws' support (ascending, padded with ``-1``), ``drafts [S, N]`` each node's token as an
-index into ``idx[s]``, ``p``, ``q`` ``[S, N + 1, U]`` (float32 from a recording, float64 from
-:func:`from_models`; row 0 the root's laws, row ``1 + n`` those after node ``n``), ``context [S]`` (the prompt a call belongs to: the unit of
-the bootstrap).
+per call ``s``: ``idx [S, U]`` the token ids of the laws' support (ascending, padded with
+``-1``), ``drafts [S, N]`` each node's token as an index into ``idx[s]``, ``p``, ``q``
+``[S, N + 1, U]`` (float32 from a recording, float64 from :func:`from_models`; row 0 the
+root's laws, row ``1 + n`` those after node ``n``), ``context [S]`` (the prompt a call
+belongs to: the unit of the bootstrap).
 """
 
 from __future__ import annotations
