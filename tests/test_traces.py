@@ -166,3 +166,33 @@ def test_the_best_tree_without_replacement_is_worth_what_the_knapsack_says():
                   for s in _closed_subtrees(traces.superset, n)]
         best = rank(traces, [("rrs", o) for o in others])[0]
         assert best.tokens_per_call.mean == pytest.approx(value, abs=1e-12)
+
+
+# ----------------------------------------------------------------------------- coupling plan
+def test_plan_ranks_exact_candidates_and_says_when_plain_sampling_wins(tmp_path, capsys):
+    """coupling plan: every candidate scored on the traces; with call costs the ranking is by
+    tokens/s, a plan that loses to plain sampling recommends no speculation, and the JSON
+    names its parts."""
+    from coupling.planner import Cost, main, plan
+
+    t, d = pair(3, 3)
+    contexts = [(a, b) for a in range(3) for b in range(3)]
+    traces = from_models(t, d, 2, 2, contexts, np.random.default_rng(2), calls_per_context=8)
+    path = tmp_path / "t.npz"
+    traces.save(path)
+    free = plan(traces, ["rrs", "traversal"])
+    means = [r.tokens_per_call.mean for r in free.candidates]
+    assert means == sorted(means, reverse=True) and free.recommended is free.candidates[0]
+    assert {r.rule for r in free.candidates} == {"rrs", "traversal"}
+    cheap = plan(traces, ["rrs"], Cost.parse("1:40,7:41", 0.5))
+    assert cheap.recommended is not None and cheap.recommended.tokens_per_s > 25.0
+    dear = plan(traces, ["rrs"], Cost.parse("1:40,7:200", 20.0))        # a busy batch on CPU
+    assert dear.recommended is None
+    assert json.loads(dear.to_json())["recommended"] == "no speculation"
+    assert main([str(path), "--rules", "rrs,token", "--target-ms", "1:40,7:41", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert set(out) == {"recommended", "plain_tokens_per_s", "candidates"}
+    assert {"rule", "tree", "predicted_tokens_per_call", "predicted_tokens_per_s"} <= \
+        set(out["candidates"][0])
+    assert main([str(path), "--target-ms", "1:x"]) == 2
+    assert "tokens:ms pairs" in capsys.readouterr().err

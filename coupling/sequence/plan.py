@@ -26,7 +26,7 @@ from ..tree import Tree
 from .predict import node_reach
 from .traces import Estimate, TreeTraces, tokens_per_call
 
-__all__ = ["node_values", "best_tree", "Candidate", "rank"]
+__all__ = ["node_values", "best_tree", "best_trees", "Candidate", "rank"]
 
 
 def node_values(traces: TreeTraces, rule: str | Rule) -> np.ndarray:
@@ -41,15 +41,21 @@ def node_values(traces: TreeTraces, rule: str | Rule) -> np.ndarray:
 
 
 def best_tree(values: np.ndarray, superset: Tree, nodes: int) -> tuple[Tree, float]:
-    """The sub-tree of ``superset`` with ``nodes`` nodes, closed under parents and earlier
-    siblings, of largest ``sum(values)``; returns it (with the superset's child law) and
-    ``1 + sum``, its tokens per call where the value adds over nodes (module doc).
+    """:func:`best_trees`' tree of ``nodes`` nodes.
 
     >>> values = np.array([0.6, 0.2, 0.5, 0.1, 0.1, 0.05])
     >>> t, v = best_tree(values, Tree.from_branching([2, 2]), 2)
     >>> t.paths(), round(v, 3)
     ([(0,), (0, 0)], 2.1)
     """
+    return best_trees(values, superset, nodes)[nodes - 1]
+
+
+def best_trees(values: np.ndarray, superset: Tree, nodes: int) -> list[tuple[Tree, float]]:
+    """For each size ``b = 1..nodes``, the sub-tree of ``superset`` with ``b`` nodes, closed
+    under parents and earlier siblings, of largest ``sum(values)``: the tree (with the
+    superset's child law) and ``1 + sum``, its tokens per call where the value adds over nodes
+    (module doc). One dynamic program, ``O(N W nodes^2)``."""
     values = np.asarray(values, dtype=np.float64)
     if values.shape != (superset.size,):
         raise ValueError(f"values must hold one number per superset node ({superset.size}), "
@@ -80,24 +86,24 @@ def best_tree(values: np.ndarray, superset: Tree, nodes: int) -> tuple[Tree, flo
         return memo[v]
 
     F, _ = below(-1)
-    if not np.isfinite(F[nodes]):
-        raise ValueError(f"the superset has no sub-tree of {nodes} nodes")
-    chosen: list[int] = []
+    paths = superset.paths()
 
-    def take(v: int, b: int) -> None:
+    def take(v: int, b: int, chosen: list[int]) -> list[int]:
         kids, split = memo[v][1]
         j = 0
         while b > 0:
             b1 = split[j][b]
             chosen.append(kids[j])
-            take(kids[j], b1 - 1)
+            take(kids[j], b1 - 1, chosen)
             b -= b1
             j += 1
+        return chosen
 
-    take(-1, nodes)
-    paths = superset.paths()
-    picked = sorted((paths[n] for n in chosen), key=lambda x: (len(x), x))
-    return Tree.from_paths(picked, superset.children), 1.0 + float(F[nodes])
+    out = []
+    for b in range(1, nodes + 1):
+        picked = sorted((paths[n] for n in take(-1, b, [])), key=lambda x: (len(x), x))
+        out.append((Tree.from_paths(picked, superset.children), 1.0 + float(F[b])))
+    return out
 
 
 @dataclass(frozen=True)
