@@ -15,8 +15,8 @@ best acceptance any coupling reaches at that distortion (an LP).
 
 A registered command is a function ``main(argv: list[str]) -> int`` named by an entry point
 ``name = "module:function"`` in the group ``coupling.commands``; ``coupling name ...`` calls
-it with the remaining arguments, and ``coupling --help`` shows the ``HELP`` string of its
-module.
+it with the remaining arguments, and ``coupling --help`` shows the function's ``help``
+attribute or the ``HELP`` string of its module.
 """
 
 from __future__ import annotations
@@ -283,9 +283,11 @@ def analyze_arguments(a: argparse.ArgumentParser) -> argparse.ArgumentParser:
 
 
 def _summary(ep) -> str:
-    """A registered command's one-line help: the ``HELP`` string of its ``main``'s module."""
+    """A registered command's one-line help: its function's ``help`` attribute, else the
+    ``HELP`` string of its module."""
     try:
-        text = getattr(sys.modules[ep.load().__module__], "HELP", "")
+        fn = ep.load()
+        text = getattr(fn, "help", None) or getattr(sys.modules[fn.__module__], "HELP", "")
     except Exception:                     # a broken plug-in must not break `coupling --help`
         text = ""
     return f"{text} (`coupling {ep.name} --help`)" if text else f"`coupling {ep.name} --help`"

@@ -8,7 +8,8 @@ interval over contexts, :func:`coupling.sequence.traces.tokens_per_call`). With 
 call)``, against plain sampling's ``1 / target call(1 token)``; without them the table ranks
 tokens per call alone, which always favours the largest tree.
 
-    coupling plan traces.npz --rules rrs,traversal --target-ms 1:39.1,3:40.2,17:45.3 --draft-ms 2
+    coupling profile --out cost.json            # or --target-ms 1:39.1,17:45.3 --draft-ms 2
+    coupling plan traces.npz --rules rrs,traversal --cost cost.json
 """
 
 from __future__ import annotations
@@ -37,6 +38,17 @@ class Cost:
 
     target_ms: tuple[tuple[int, float], ...]
     draft_ms: float
+
+    @classmethod
+    def load(cls, path: str) -> Cost:
+        """The JSON ``coupling profile`` writes."""
+        with open(path) as f:
+            data = json.load(f)
+        try:
+            points = ",".join(f"{n}:{ms}" for n, ms in data["target_ms"].items())
+            return cls.parse(points, float(data["draft_ms"]))
+        except (KeyError, TypeError, AttributeError):
+            raise ValueError(f"{path}: not a cost table (coupling profile writes one)") from None
 
     @classmethod
     def parse(cls, target: str, draft: float) -> Cost:
@@ -125,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rules", default="rrs,traversal",
                     help="rules to plan for (token, rrs: the knapsack is exact for them on "
                          "children without replacement; traversal: scored on the same trees)")
+    ap.add_argument("--cost", default=None, help="the JSON of `coupling profile`")
     ap.add_argument("--target-ms", default=None, help="target call cost, tokens:ms pairs")
     ap.add_argument("--draft-ms", type=float, default=0.0, help="one draft call, ms")
     ap.add_argument("--top", type=int, default=10, help="candidates to print (10)")
@@ -132,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         traces = TreeTraces.load(args.traces)
-        cost = Cost.parse(args.target_ms, args.draft_ms) if args.target_ms else None
+        cost = (Cost.load(args.cost) if args.cost else
+                Cost.parse(args.target_ms, args.draft_ms) if args.target_ms else None)
         result = plan(traces, [r.strip() for r in args.rules.split(",") if r.strip()], cost)
     except (ValueError, OSError) as exc:
         print(f"coupling plan: error: {exc}", file=sys.stderr)

@@ -463,6 +463,9 @@ def test_a_tree_run_records_its_exact_conditional_prediction(pair):
     chain = [E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=12, rule="token",
                         gamma=3, cfg=CFG3, seed=5, **kw) for kw in ({}, {"tree": Tree.chain(3)})]
     assert chain[0].tokens == chain[1].tokens
+    flat = E.generate(target, E.ModelDrafter(draft), PROMPT, max_new_tokens=8, rule="rrs",
+                      cfg=CFG3, seed=5, tree=Tree.from_branching([3]))    # depth 1: no feed
+    assert len(flat.tokens) == 8 and max(s.accepted for s in flat.steps) <= 1
 
 
 def test_generate_refuses_trees_it_cannot_run(pair):

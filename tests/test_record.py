@@ -59,3 +59,23 @@ def test_the_whole_superset_is_worth_what_the_engine_predicted(pair):
     got = call_tokens(traces, "rrs", tree)
     assert len(got) == len(predicted)
     np.testing.assert_allclose(got, predicted, atol=1e-5)
+
+
+def test_profile_writes_the_cost_table_plan_reads(pair, tmp_path):
+    import json
+
+    from coupling.llm.record import profile
+    from coupling.planner import Cost
+
+    target, draft = pair
+    cost = profile(target, E.ModelDrafter(draft), [1, 2, 3, 4], sizes=[1, 3, 9], repeats=2)
+    assert set(cost["target_ms"]) == {"1", "3", "9"} and cost["draft_ms"] > 0
+    path = tmp_path / "cost.json"
+    path.write_text(json.dumps(cost))
+    loaded = Cost.load(str(path))
+    assert loaded.call(1) == pytest.approx(cost["target_ms"]["1"])
+    assert loaded.step(Tree.from_branching([2])) == pytest.approx(
+        cost["target_ms"]["3"] + cost["draft_ms"])
+    path.write_text("{}")
+    with pytest.raises(ValueError, match="not a cost table"):
+        Cost.load(str(path))

@@ -85,8 +85,10 @@ class ModelDrafter:
         return drafts, q
 
     def accept_path(self, path: list[int]) -> None:
-        """Keep the accepted nodes' cache entries (those the drafter fed)."""
-        self.lm.select_path([self._entries[n] for n in path if n in self._entries])
+        """Keep the accepted nodes' cache entries (those the drafter fed; a tree of depth 1
+        feeds none)."""
+        if self.lm.pending is not None:
+            self.lm.select_path([self._entries[n] for n in path if n in self._entries])
 
     @property
     def calls(self) -> int:

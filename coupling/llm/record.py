@@ -29,7 +29,7 @@ from .cache import CachedLM, prefill
 from .drafters import ModelDrafter
 from .sampling import SamplingConfig, probs
 
-__all__ = ["record", "main", "HELP"]
+__all__ = ["record", "profile", "main", "profile_main", "HELP"]
 
 #: the line ``coupling --help`` shows for this command
 HELP = "record tree traces of the demo's model pair for the planner"
@@ -96,6 +96,79 @@ def _assemble(calls: list[tuple], superset: Tree, vocab_size: int, cfg: Sampling
               "models": {}}
     return TreeTraces(header, idx, np.stack([c[1] for c in calls]), p, q,
                       np.array([c[4] for c in calls], dtype=np.int32))
+
+
+def profile(target_model, drafter: ModelDrafter, prompt: list[int], *, sizes: list[int],
+            repeats: int = 9) -> dict:
+    """Milliseconds of a target call scoring ``n`` tree tokens after ``prompt`` (tree
+    attention, one row), for each ``n`` of ``sizes``, and of one draft call on the tokens of
+    a tree level; medians of ``repeats``, in one process. The JSON ``coupling plan --cost``
+    reads."""
+    import time
+
+    tlm = CachedLM(target_model)
+    prefill(tlm, prompt)
+
+    def median_ms(run) -> float:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            run()
+            times.append(1e3 * (time.perf_counter() - t0))
+        return float(np.median(times))
+
+    def target_call(n: int) -> None:
+        tlm.forward_nodes([prompt[-1]], [prompt[-1]] * (n - 1), [-1] * (n - 1))
+        tlm.select_path([])
+
+    target_ms = {n: median_ms(lambda n=n: target_call(n)) for n in sizes}
+    drafter.reset(prompt)
+    tree = Tree.from_branching([2])
+    gen = torch.Generator().manual_seed(0)
+    cfg = SamplingConfig()
+
+    def draft_call() -> None:
+        drafter.propose_tree(prompt, tree, cfg, gen)
+        drafter.accept_path([])
+
+    return {"target_ms": {str(n): ms for n, ms in target_ms.items()},
+            "draft_ms": median_ms(draft_call), "threads": torch.get_num_threads(),
+            "prompt_tokens": len(prompt)}
+
+
+def profile_main(argv: list[str] | None = None) -> int:
+    """``coupling profile ...``: the call costs of the demo pair on this machine."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    ap = argparse.ArgumentParser(prog="coupling profile", description=profile_main.help)
+    ap.add_argument("--sizes", default="1,2,3,5,9,13,17,25,33,41",
+                    help="tokens scored per target call (1 = a decoding call)")
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--out", required=True, help="the JSON file to write")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    from . import drafts, models
+    from .demo import load_prompts
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    target = models.load_target("bfloat16")
+    drafter = ModelDrafter(drafts.load_draft(target, head_tokens=4096))
+    prompt = models.chat_prompt(models.load_tokenizer(), load_prompts()[0])
+    sizes = sorted({int(n) for n in args.sizes.split(",")})
+    if sizes[0] < 1:
+        print("coupling profile: error: --sizes must be >= 1", file=sys.stderr)
+        return 2
+    profile(target, drafter, prompt, sizes=sizes, repeats=1)            # warm-up
+    cost = profile(target, drafter, prompt, sizes=sizes, repeats=args.repeats)
+    with open(args.out, "w") as f:
+        json.dump(cost, f, indent=2)
+    print(json.dumps(cost, indent=2))
+    return 0
+
+
+#: the line ``coupling --help`` shows for ``coupling profile``
+PROFILE_HELP = "measure the demo pair's call costs on this machine for the planner"
+profile_main.help = PROFILE_HELP
 
 
 def main(argv: list[str] | None = None) -> int:
