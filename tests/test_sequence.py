@@ -413,7 +413,7 @@ def test_optimal_prediction_bounds_every_single_step_rule():
         (lambda x, P, Q: predicted_tokens("token", x.astype(float), P, Q, 0), "integer"),
         (lambda x, P, Q: predicted_tokens("token", x, P[:, :2], Q, 0), "p must be"),
         (lambda x, P, Q: predicted_tokens("token", x + 4, P, Q, 0), "token ids"),
-        (lambda x, P, Q: conditional_tokens("kseq", x, P, Q, 0), "chain rules"),
+        (lambda x, P, Q: conditional_tokens("kseq", x, P, Q, 0), "exact path law"),
     ],
 )
 def test_predictions_validate_the_record(call, msg):
