@@ -4,9 +4,9 @@ For every rule asked for, the candidates are the best tree of each size the supe
 (the tree knapsack on ``rrs``'s node values, :func:`coupling.sequence.plan.best_tree`) and
 the chains it holds, each scored exactly on the traces (tokens per call with a bootstrap
 interval over contexts, :func:`coupling.sequence.traces.tokens_per_call`). With call costs,
-``predicted tokens/s = E[tokens per call] / (target call(N + 1 tokens) + depth x draft
-call)``, against plain sampling's ``1 / target call(1 token)``; without them the table ranks
-tokens per call alone, which always favours the largest tree.
+``predicted tokens/s = E[tokens per call] / (target call(N + 1 tokens) + depth x draft call
++ a step's own work)``, against plain sampling's ``1 / target call(1 token)``; without them
+the table ranks tokens per call alone, which always favours the largest tree.
 
     coupling profile --out cost.json            # or --target-ms 1:39.1,17:45.3 --draft-ms 2
     coupling plan traces.npz --rules rrs,traversal --cost cost.json
@@ -34,10 +34,12 @@ HELP = "choose a draft tree and rule from recorded tree traces and call costs"
 @dataclass(frozen=True)
 class Cost:
     """Milliseconds of a target call scoring ``n`` tokens (piecewise linear through the
-    measured points, constant beyond them) and of one draft call."""
+    measured points, constant beyond them), of one draft call, and of what a speculative
+    step spends beyond its model calls (``overhead_ms``: the laws, the rule, the caches)."""
 
     target_ms: tuple[tuple[int, float], ...]
     draft_ms: float
+    overhead_ms: float = 0.0
 
     @classmethod
     def load(cls, path: str) -> Cost:
@@ -46,29 +48,32 @@ class Cost:
             data = json.load(f)
         try:
             points = ",".join(f"{n}:{ms}" for n, ms in data["target_ms"].items())
-            return cls.parse(points, float(data["draft_ms"]))
+            return cls.parse(points, float(data["draft_ms"]),
+                             float(data.get("step_overhead_ms", 0.0)))
         except (KeyError, TypeError, AttributeError):
             raise ValueError(f"{path}: not a cost table (coupling profile writes one)") from None
 
     @classmethod
-    def parse(cls, target: str, draft: float) -> Cost:
+    def parse(cls, target: str, draft: float, overhead: float = 0.0) -> Cost:
         try:
             points = tuple(sorted((int(a), float(b)) for a, b in
                                   (pair.split(":") for pair in target.split(","))))
         except ValueError:
             raise ValueError(f"--target-ms {target!r}: give tokens:ms pairs such as "
                              "1:39.1,3:40.2,17:45.3") from None
-        if not points or any(n < 1 or ms <= 0 for n, ms in points) or draft < 0:
+        if not points or any(n < 1 or ms <= 0 for n, ms in points) or draft < 0 \
+                or overhead < 0:
             raise ValueError("call costs must be positive, with token counts >= 1")
-        return cls(points, float(draft))
+        return cls(points, float(draft), float(overhead))
 
     def call(self, tokens: int) -> float:
         xs, ys = zip(*self.target_ms, strict=True)
         return float(np.interp(tokens, xs, ys))
 
     def step(self, tree: Tree) -> float:
-        """A speculative call: the target on ``N + 1`` tokens, one draft call per level."""
-        return self.call(tree.size + 1) + tree.depth * self.draft_ms
+        """A speculative call: the target on ``N + 1`` tokens, one draft call per level, and
+        the step's own work."""
+        return self.call(tree.size + 1) + tree.depth * self.draft_ms + self.overhead_ms
 
 
 @dataclass(frozen=True)
@@ -140,13 +145,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cost", default=None, help="the JSON of `coupling profile`")
     ap.add_argument("--target-ms", default=None, help="target call cost, tokens:ms pairs")
     ap.add_argument("--draft-ms", type=float, default=0.0, help="one draft call, ms")
+    ap.add_argument("--overhead-ms", type=float, default=0.0,
+                    help="a speculative step's work beyond its model calls, ms")
     ap.add_argument("--top", type=int, default=10, help="candidates to print (10)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         traces = TreeTraces.load(args.traces)
         cost = (Cost.load(args.cost) if args.cost else
-                Cost.parse(args.target_ms, args.draft_ms) if args.target_ms else None)
+                Cost.parse(args.target_ms, args.draft_ms, args.overhead_ms) if args.target_ms
+                else None)
         result = plan(traces, [r.strip() for r in args.rules.split(",") if r.strip()], cost)
     except (ValueError, OSError) as exc:
         print(f"coupling plan: error: {exc}", file=sys.stderr)

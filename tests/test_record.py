@@ -70,12 +70,13 @@ def test_profile_writes_the_cost_table_plan_reads(pair, tmp_path):
     target, draft = pair
     cost = profile(target, E.ModelDrafter(draft), [1, 2, 3, 4], sizes=[1, 3, 9], repeats=2)
     assert set(cost["target_ms"]) == {"1", "3", "9"} and cost["draft_ms"] > 0
+    assert cost["step_overhead_ms"] > 0
     path = tmp_path / "cost.json"
     path.write_text(json.dumps(cost))
     loaded = Cost.load(str(path))
     assert loaded.call(1) == pytest.approx(cost["target_ms"]["1"])
     assert loaded.step(Tree.from_branching([2])) == pytest.approx(
-        cost["target_ms"]["3"] + cost["draft_ms"])
+        cost["target_ms"]["3"] + cost["draft_ms"] + cost["step_overhead_ms"])
     path.write_text("{}")
     with pytest.raises(ValueError, match="not a cost table"):
         Cost.load(str(path))

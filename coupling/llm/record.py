@@ -131,9 +131,22 @@ def profile(target_model, drafter: ModelDrafter, prompt: list[int], *, sizes: li
         drafter.propose_tree(prompt, tree, cfg, gen)
         drafter.accept_path([])
 
-    return {"target_ms": {str(n): ms for n, ms in target_ms.items()},
-            "draft_ms": median_ms(draft_call), "threads": torch.get_num_threads(),
-            "prompt_tokens": len(prompt)}
+    draft_ms = median_ms(draft_call)
+    return {"target_ms": {str(n): ms for n, ms in target_ms.items()}, "draft_ms": draft_ms,
+            "step_overhead_ms": _overhead_ms(target_model, drafter, prompt, cfg),
+            "threads": torch.get_num_threads(), "prompt_tokens": len(prompt)}
+
+
+def _overhead_ms(target_model, drafter: ModelDrafter, prompt: list[int],
+                 cfg: SamplingConfig) -> float:
+    """What a speculative step costs beyond its model calls (the laws, the rule, the caches'
+    bookkeeping): a short ``rrs`` run on a two-node tree, its time outside the target's and
+    the draft's calls per step."""
+    from .engine import generate
+
+    run = generate(target_model, drafter, prompt, max_new_tokens=32, rule="rrs", cfg=cfg,
+                   seed=0, tree=Tree.from_branching([2]), record_alpha=False)
+    return 1e3 * (run.seconds - run.target_seconds - run.draft_seconds) / len(run.steps)
 
 
 def profile_main(argv: list[str] | None = None) -> int:
