@@ -1,8 +1,10 @@
 """``coupling plan``: the draft tree and rule to run, from recorded tree traces and call costs.
 
 For every rule asked for, the candidates are the best tree of each size the superset holds
-(the tree knapsack on ``rrs``'s node values, :func:`coupling.sequence.plan.best_tree`) and
-the chains it holds, each scored exactly on the traces (tokens per call with a bootstrap
+(the tree knapsack on ``rrs``'s node values, :func:`coupling.sequence.plan.best_tree`),
+Sequoia's tree of each size (the same knapsack on its positional acceptance model,
+:func:`coupling.sequence.plan.positional_values`) and the chains the superset holds, each
+scored exactly on the traces (tokens per call with a bootstrap
 interval over contexts, :func:`coupling.sequence.traces.tokens_per_call`). With call costs,
 ``predicted tokens/s = E[tokens per call] / (target call(N + 1 tokens) + depth x draft call
 + a step's own work)``, against plain sampling's ``1 / target call(1 token)``; without them
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .sequence.plan import best_trees, node_values
+from .sequence.plan import best_trees, node_values, positional_values
 from .sequence.traces import Estimate, TreeTraces, tokens_per_call
 from .tree import Tree
 
@@ -78,14 +80,20 @@ class Cost:
 
 @dataclass(frozen=True)
 class Row:
+    """A candidate: ``source`` says where its tree came from ("knapsack": this planner's
+    best tree of its size; "sequoia": Sequoia's, under its positional acceptance model;
+    "chain")."""
+
     rule: str
     tree: Tree
     tokens_per_call: Estimate
     tokens_per_s: float | None
+    source: str = "knapsack"
 
     def to_dict(self) -> dict:
         e = self.tokens_per_call
-        return {"rule": self.rule, "tree": [list(p) for p in self.tree.paths()],
+        return {"rule": self.rule, "source": self.source,
+                "tree": [list(p) for p in self.tree.paths()],
                 "children": self.tree.children, "nodes": self.tree.size,
                 "depth": self.tree.depth,
                 "predicted_tokens_per_call": [e.mean, e.low, e.high],
@@ -116,22 +124,31 @@ class Plan:
                            "candidates": [r.to_dict() for r in self.candidates]}, indent=2)
 
 
-def _candidates(traces: TreeTraces, rules: list[str]) -> list[tuple[str, Tree]]:
+def _candidates(traces: TreeTraces, rules: list[str]) -> list[tuple[str, Tree, str]]:
+    """(rule, tree, source) for every rule: the knapsack's tree of each size, Sequoia's tree
+    of each size (where it differs), and the chains the superset holds."""
     sup = traces.superset
     values = node_values(traces, "rrs")
-    trees = {tree for tree, _ in best_trees(values, sup, sup.size)}
-    trees |= {Tree.from_chains(1, g) for g in range(1, sup.depth + 1)
-              if sup.children == "iid"}
-    return [(rule, tree) for rule in rules for tree in sorted(trees, key=lambda t: t.size)
+    trees: dict[Tree, str] = {}
+    for g in range(1, sup.depth + 1):
+        if sup.children == "iid":
+            trees[Tree.from_chains(1, g)] = "chain"
+    for tree, _ in best_trees(positional_values(values, sup), sup, sup.size):
+        trees.setdefault(tree, "sequoia")
+    for tree, _ in best_trees(values, sup, sup.size):
+        trees[tree] = "knapsack"
+    return [(rule, tree, source) for rule in rules
+            for tree, source in sorted(trees.items(), key=lambda t: t[0].size)
             if rule != "token" or tree.chains() == (1, tree.size, True)]
 
 
 def plan(traces: TreeTraces, rules: list[str], cost: Cost | None = None) -> Plan:
     """Score every candidate (module doc) and rank them."""
     rows = []
-    for rule, tree in _candidates(traces, rules):
+    for rule, tree, source in _candidates(traces, rules):
         est = tokens_per_call(traces, rule, tree)
-        rows.append(Row(rule, tree, est, 1e3 * est.mean / cost.step(tree) if cost else None))
+        rows.append(Row(rule, tree, est, 1e3 * est.mean / cost.step(tree) if cost else None,
+                        source))
     rows.sort(key=lambda r: -(r.tokens_per_s if cost else r.tokens_per_call.mean))
     return Plan(tuple(rows), 1e3 / cost.call(1) if cost else None)
 
@@ -168,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     for r in result.candidates[:args.top]:
         e = r.tokens_per_call
         speed = f"  {r.tokens_per_s:7.1f} tok/s" if r.tokens_per_s is not None else ""
-        print(f"{r.rule:<10}{r.tree.size:>4} nodes, depth {r.tree.depth}  {e.mean:.3f} "
-              f"[{e.low:.3f}, {e.high:.3f}]{speed}  {r.tree.paths()}")
+        print(f"{r.rule:<10}{r.source:<9}{r.tree.size:>4} nodes, depth {r.tree.depth}  "
+              f"{e.mean:.3f} [{e.low:.3f}, {e.high:.3f}]{speed}  {r.tree.paths()}")
     rec = result.recommended
     if cost:
         print(f"plain sampling: {result.plain_tokens_per_s:.1f} tok/s; recommended: "

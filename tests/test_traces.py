@@ -196,3 +196,24 @@ def test_plan_ranks_exact_candidates_and_says_when_plain_sampling_wins(tmp_path,
         set(out["candidates"][0])
     assert main([str(path), "--target-ms", "1:x"]) == 2
     assert "tokens:ms pairs" in capsys.readouterr().err
+
+
+def test_the_exact_knapsack_never_loses_to_sequoias_positional_model():
+    """Sequoia's tree of each size (its positional acceptance model, read off the same traces)
+    scored exactly: never above the knapsack's tree, which is exact without replacement; and
+    the planner lists it as its own source."""
+    from coupling.planner import plan
+    from coupling.sequence.plan import best_trees, node_values, positional_values
+
+    t, d = pair(3, 14)
+    contexts = [(a, b) for a in range(3) for b in range(3)]
+    traces = from_models(t, d, 2, 3, contexts, np.random.default_rng(6), calls_per_context=4,
+                         children="distinct")
+    values = node_values(traces, "rrs")
+    ours = best_trees(values, traces.superset, traces.superset.size)
+    theirs = best_trees(positional_values(values, traces.superset), traces.superset,
+                        traces.superset.size)
+    gaps = [tokens_per_call(traces, "rrs", a).mean - tokens_per_call(traces, "rrs", b).mean
+            for (a, _), (b, _) in zip(ours, theirs, strict=True)]
+    assert min(gaps) > -1e-12 and max(gaps) > 1e-4
+    assert {r.source for r in plan(traces, ["rrs"]).candidates} >= {"knapsack", "sequoia"}

@@ -211,10 +211,14 @@ def main(argv: list[str] | None = None) -> int:
     texts = load_prompts()[:args.prompts]
     prompts = [models.chat_prompt(tok, t) for t in texts]
     cfg = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    traces = record(target, drafter, prompts, width=args.width, depth=args.depth,
-                    max_new_tokens=args.tokens, cfg=cfg, seed=args.seed,
-                    children=args.children,
-                    progress=lambda n: print(f"\r{n} calls", end="", file=sys.stderr))
+    try:
+        traces = record(target, drafter, prompts, width=args.width, depth=args.depth,
+                        max_new_tokens=args.tokens, cfg=cfg, seed=args.seed,
+                        children=args.children,
+                        progress=lambda n: print(f"\r{n} calls", end="", file=sys.stderr))
+    except ValueError as exc:       # e.g. distinct children beyond a top-p law's support
+        print(f"\ncoupling record: error: {exc}", file=sys.stderr)
+        return 2
     traces.header["models"] = {"target": models.TARGET_NAME,
                                "draft": "the demo's 1-layer draft (4096-token head)"}
     traces.save(args.out)

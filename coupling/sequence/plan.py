@@ -26,7 +26,7 @@ from ..tree import Tree
 from .predict import node_reach
 from .traces import Estimate, TreeTraces, tokens_per_call
 
-__all__ = ["node_values", "best_tree", "best_trees", "Candidate", "rank"]
+__all__ = ["node_values", "positional_values", "best_tree", "best_trees", "Candidate", "rank"]
 
 
 def node_values(traces: TreeTraces, rule: str | Rule) -> np.ndarray:
@@ -38,6 +38,25 @@ def node_values(traces: TreeTraces, rule: str | Rule) -> np.ndarray:
     for s in range(traces.calls):
         total += node_reach(r, tree, traces.drafts[s], traces.p[s], traces.q[s])
     return total / traces.calls
+
+
+def positional_values(values: np.ndarray, superset: Tree) -> np.ndarray:
+    r"""Sequoia's model of the same superset (Chen et al., arXiv:2402.12374, its positional
+    acceptance assumption): the chance that a node of child rank ``r`` is accepted, given its
+    parent was, is the root's, :math:`a_r` = ``values`` of the root's ``r``-th child, at every
+    depth and after every context; a node's value is the product of :math:`a_r` along its path.
+    Sequoia's tree of ``n`` nodes is :func:`best_trees` on these values.
+
+    >>> positional_values(np.array([0.5, 0.2, 0.1, 0.1, 0.1, 0.1]), Tree.from_branching([2, 2]))
+    array([0.5 , 0.2 , 0.25, 0.1 , 0.1 , 0.04])
+    """
+    values = np.asarray(values, dtype=np.float64)
+    rank = {c: r for a in range(-1, superset.size) for r, c in enumerate(superset.kids[a])}
+    root = {rank[c]: values[c] for c in superset.kids[-1]}
+    out = np.ones(superset.size)
+    for n, a in enumerate(superset.parent):
+        out[n] = root[rank[n]] * (out[a] if a >= 0 else 1.0)
+    return out
 
 
 def best_tree(values: np.ndarray, superset: Tree, nodes: int) -> tuple[Tree, float]:
