@@ -189,13 +189,21 @@ class Tree:
     @classmethod
     def from_spec(cls, spec: str, children: str = "iid") -> Tree:
         """A tree written on a command line: per-depth widths ``"3,2,1"``
-        (:meth:`from_branching`), a named tree and its size ``"eagle:16"`` (:meth:`named`), or
-        a JSON file holding a list of paths (:meth:`from_paths`).
+        (:meth:`from_branching`), a named tree and its size ``"eagle:16"`` (:meth:`named`), a
+        JSON list of paths ``"[[0], [1], [0, 0]]"`` or a JSON file holding one
+        (:meth:`from_paths`).
 
         >>> Tree.from_spec("eagle:8").size, Tree.from_spec("3,1").size
         (8, 6)
         """
         text = str(spec).strip()
+        if text.startswith("["):
+            import json
+
+            try:
+                return cls.from_paths(json.loads(text), children)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"tree {text!r}: not a JSON list of paths ({exc})") from None
         if text.endswith(".json"):
             import json
             from pathlib import Path

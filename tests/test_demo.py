@@ -57,6 +57,7 @@ def test_speedup_interval_refuses_malformed_runs(args, kwargs, msg):
     (["--tree", "3,x"], "--tree 3,x"), (["--tree", "eagle:99"], "--tree eagle:99"),
     (["--tree", "3,2", "--tree-rule", "rrs,block"], "--tree-rule block"),
     (["--tree", "3,2", "--tree-rule", ","], "--tree-rule: empty"),
+    (["--first-prompt", "10"], "--first-prompt 10"), (["--plan", "/nonexistent"], "--plan"),
     (["--tree", "3,2", "--tree-rule", "typical"], "lossless")])
 def test_demo_refuses_settings_before_loading_models(argv, msg):
     """Settings the run would otherwise replace (--prompts 0 by 8 prompts, --gamma -3 by plain
@@ -212,3 +213,32 @@ def test_a_busy_machine_is_flagged_and_said_so(tmp_path):
     assert load._busy_seconds(stat) == pytest.approx(160 / os.sysconf("SC_CLK_TCK"))
     assert load._busy_seconds(tmp_path / "missing") is None
     assert load.verdict(None, 2)[0] is None and "/proc/stat" in load.verdict(None, 2)[1]
+
+
+def test_a_plan_adds_its_candidates_with_their_predictions(tmp_path):
+    """--plan: the plan's best candidates run as tree lines labelled by rank, their JSON rows
+    carry the predicted tokens/s, and the report sets it against the measurement."""
+    import json
+
+    from coupling.llm.demo import build_parser
+    from coupling.llm.demo.report import plan_lines
+    from coupling.llm.demo.run import select_methods
+
+    plan = {"recommended": None, "plain_tokens_per_s": 23.0, "candidates": [
+        {"rule": "rrs", "tree": [[0], [1], [2]], "children": "iid",
+         "predicted_tokens_per_s": 26.4},
+        {"rule": "rrs", "tree": [[0], [1]], "children": "distinct",
+         "predicted_tokens_per_s": 26.1},
+        {"rule": "token", "tree": [[0], [0, 0]], "predicted_tokens_per_s": 25.2}]}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    args = build_parser().parse_args(["--methods", "token", "--plan", str(path),
+                                      "--plan-top", "2"])
+    methods = select_methods(args)
+    assert [m.label for m in methods] == ["autoregressive", "token", "rrs_tree_plan1",
+                                          "rrs_tree_plan2"]
+    assert methods[2].topology().size == 3 and methods[3].topology().children == "distinct"
+    res = {"rules": {"rrs_tree_plan1": {"predicted_tokens_per_s": 26.4, "tokens_per_s": 26.7},
+                     "token": {"predicted_tokens_per_s": None, "tokens_per_s": 25.0}}}
+    assert plan_lines(res) == ["plan: rrs_tree_plan1 predicted 26.4 tokens/s, measured 26.7 "
+                               "(+1.1%)"]

@@ -189,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     ap = argparse.ArgumentParser(prog="coupling record", description=__doc__.splitlines()[0])
     ap.add_argument("--prompts", type=int, default=4, help="demo prompts to record (4)")
+    ap.add_argument("--first-prompt", type=int, default=0,
+                    help="start at this prompt of the demo's file (0)")
     ap.add_argument("--tokens", type=int, default=64, help="new tokens per prompt (64)")
     ap.add_argument("--width", type=int, default=3, help="children per superset node (3)")
     ap.add_argument("--depth", type=int, default=3, help="superset depth (3)")
@@ -208,7 +210,10 @@ def main(argv: list[str] | None = None) -> int:
     target = models.load_target("bfloat16")
     drafter = ModelDrafter(drafts.load_draft(target, head_tokens=4096))
     tok = models.load_tokenizer()
-    texts = load_prompts()[:args.prompts]
+    texts = load_prompts()[args.first_prompt:args.first_prompt + args.prompts]
+    if not texts:
+        print("coupling record: error: no prompts in that range", file=sys.stderr)
+        return 2
     prompts = [models.chat_prompt(tok, t) for t in texts]
     cfg = SamplingConfig(args.temperature, args.top_k, args.top_p)
     try:

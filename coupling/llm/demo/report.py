@@ -145,10 +145,21 @@ def timings_line(res: dict) -> str | None:
     return f"{warn}timings: {res['timings_reason']}"
 
 
+def plan_lines(res: dict) -> list[str]:
+    """A plan's predicted tokens/s against the run's (``--plan``)."""
+    out = []
+    for name, r in res["rules"].items():
+        pred = r.get("predicted_tokens_per_s")
+        if pred:
+            out.append(f"plan: {name} predicted {pred:.1f} tokens/s, measured "
+                       f"{r['tokens_per_s']:.1f} ({100 * (r['tokens_per_s'] / pred - 1):+.1f}%)")
+    return out
+
+
 def render(res: dict) -> str:
     """The whole printed report of a run."""
     price = verification_price(res)
     timing = timings_line(res)
-    return "\n".join([*header(res), format_table(res), *([timing] if timing else []),
-                      *([price] if price else []), LEGEND,
+    return "\n".join([*header(res), format_table(res), *plan_lines(res),
+                      *([timing] if timing else []), *([price] if price else []), LEGEND,
                       *(f"skipped {name}: {why}" for name, why in res["skipped"].items())])

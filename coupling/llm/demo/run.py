@@ -19,7 +19,17 @@ import numpy as np
 
 from . import load
 from .report import speedup_interval
-from .settings import FULL, QUICK, Method, check_args, load_prompts, resolve_auto, tree_methods
+from .settings import (
+    FULL,
+    PREDICTED,
+    QUICK,
+    Method,
+    check_args,
+    load_prompts,
+    plan_methods,
+    resolve_auto,
+    tree_methods,
+)
 
 
 @dataclass
@@ -65,11 +75,12 @@ def select_methods(args: argparse.Namespace) -> list[Method]:
     wanted = (args.methods.split(",") if args.methods else
               (QUICK if args.quick else [m.label for m in FULL]))
     by_label = {m.label: m for m in FULL}
-    if getattr(args, "tree", None) is not None:
-        for extra in tree_methods(args):
-            by_label[extra.label] = extra
-            if extra.label not in wanted:
-                wanted = [*wanted, extra.label]
+    extras = tree_methods(args) if getattr(args, "tree", None) is not None else []
+    extras += plan_methods(args) if getattr(args, "plan", None) is not None else []
+    for extra in extras:
+        by_label[extra.label] = extra
+        if extra.label not in wanted:
+            wanted = [*wanted, extra.label]
     unknown = [w for w in wanted if w not in by_label]
     if unknown:
         raise ValueError(f"--methods: unknown {unknown}; choose from {sorted(by_label)}")
@@ -216,7 +227,9 @@ def rule_row(m: Method, a: Totals, ar: Totals, gamma: int) -> dict:
         "rule": m.rule, "k": m.k, "replacement": m.replacement, "drafter": m.drafter,
         "gamma": topology.depth if topology else gamma,
         "tree": {"spec": m.tree, "nodes": topology.size, "depth": topology.depth,
+                 "children": topology.children,
                  "parent": list(topology.parent)} if topology else None,
+        "predicted_tokens_per_s": PREDICTED.get(m.label),
         "block_efficiency": float(np.mean([s.accepted + 1 for s in steps])),
         "predicted_block_efficiency": float(np.mean([s.predicted for s in steps])),
         "optimal_predicted_block_efficiency": (
@@ -274,6 +287,7 @@ def describe_settings(args: argparse.Namespace, cfg, mdl: Models, size: tuple[in
     return {**cfg.as_dict(), "gamma": args.gamma, "draft_confidence": args.draft_confidence,
             "auto": args.auto, "max_new_tokens": max_new, "draft_head_tokens": args.draft_head,
             "multi_draft_layout": "tree" if tree else "batch", "prompts": n_prompts,
+            "first_prompt": getattr(args, "first_prompt", 0),
             "seed": args.seed, "quick": bool(args.quick),
             "torch_threads": torch.get_num_threads(), "load_seconds": mdl.load_seconds,
             "machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count()}
@@ -299,7 +313,8 @@ def run(args: argparse.Namespace) -> dict:
     if tree and not E.supports_tree(mdl.target):
         raise ValueError("--multi-draft-layout tree: this target does not take a custom "
                          "attention mask; use --multi-draft-layout batch")
-    encoded = [chat_prompt(mdl.tok, text) for text in load_prompts()[:size[0]]]
+    first = getattr(args, "first_prompt", 0)
+    encoded = [chat_prompt(mdl.tok, text) for text in load_prompts()[first:first + size[0]]]
 
     def one(m: Method, prompt: list[int], seed: int, n: int = size[1]):
         return run_method(mdl, m, prompt, seed, n, args, cfg, tree)

@@ -25,8 +25,12 @@ class Method:
     replacement: bool = True
     drafter: str = "trained"
     #: a static draft tree (``coupling.Tree.from_spec``: "3,2,1", "eagle:16", a .json of
-    #: paths) with i.i.d. children, instead of k chains of gamma
+    #: paths) instead of k chains of gamma
     tree: str = ""
+    #: the tree's child law ("iid", or "distinct" for children without replacement)
+    children: str = "iid"
+    #: appended to the label (a plan's candidates: "_plan1", "_plan2", ...)
+    tag: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in ("ar", "hf", "engine"):
@@ -53,7 +57,7 @@ class Method:
         """The method's :class:`coupling.Tree` (``None`` for k chains)."""
         from coupling.tree import Tree
 
-        return Tree.from_spec(self.tree) if self.tree else None
+        return Tree.from_spec(self.tree, self.children) if self.tree else None
 
     @property
     def label(self) -> str:
@@ -65,7 +69,7 @@ class Method:
         return (self.rule + (f"_k{self.k}" if self.k > 1 else "")
                 + ("" if self.replacement else "_distinct")
                 + ("" if self.drafter == "trained" else f"_{self.drafter}")
-                + ("_tree" if self.tree else ""))
+                + ("_tree" if self.tree else "") + self.tag)
 
 
 FULL = [
@@ -120,6 +124,28 @@ def tree_methods(args: argparse.Namespace) -> list[Method]:
     return out
 
 
+def plan_methods(args: argparse.Namespace) -> list[Method]:
+    """The lines ``--plan`` adds: its best ``--plan-top`` candidates as tree methods labelled
+    ``<rule>_tree_plan<rank>``, each carrying its predicted tokens/s (``predicted``)."""
+    try:
+        data = json.loads(Path(args.plan).read_text())
+        rows = data["candidates"][:args.plan_top]
+        out = []
+        for i, row in enumerate(rows, start=1):
+            m = Method("engine", row["rule"], tree=json.dumps(row["tree"]),
+                       children=row.get("children", "iid"), tag=f"_plan{i}")
+            PREDICTED[m.label] = row.get("predicted_tokens_per_s")
+            out.append(m)
+        return out
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise ValueError(f"--plan {args.plan}: not a `coupling plan --json` file ({exc})") \
+            from None
+
+
+#: a plan's predicted tokens/s per method label, filled by :func:`plan_methods`
+PREDICTED: dict[str, float | None] = {}
+
+
 def load_prompts() -> list[str]:
     return json.loads(PROMPTS_FILE.read_text())["prompts"]
 
@@ -149,6 +175,13 @@ def check_args(args: argparse.Namespace) -> None:
         raise ValueError("--methods: empty; name at least one method, or leave it out")
     if getattr(args, "tree", None) is not None:
         tree_methods(args)       # a bad tree or a rule that cannot verify it, named now
+    if getattr(args, "plan", None) is not None:
+        plan_methods(args)
+    first = getattr(args, "first_prompt", 0)
+    n = args.prompts if args.prompts is not None else (3 if args.quick else 8)
+    if not 0 <= first or first + n > n_file:
+        raise ValueError(f"--first-prompt {first}: the demo has {n_file} prompts and the run "
+                         f"takes {n} from there; lower --first-prompt or --prompts")
     for opt, path in (("--json", args.json), ("--plot", args.plot)):
         if path is not None and Path(path).is_dir():
             raise ValueError(f"{opt} {path}: is a directory; give a file name")
@@ -197,6 +230,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tree-rule", type=str, default="rrs",
                     help="the rules that verify --tree, comma-separated (default rrs; "
                          "rrs,kseq,optimal,traversal take i.i.d. children)")
+    ap.add_argument("--plan", type=Path, default=None,
+                    help="also run the best candidates of a `coupling plan --json` file (the "
+                         "recommended first), each with its predicted tokens/s")
+    ap.add_argument("--plan-top", type=int, default=3, help="candidates of --plan to run (3)")
+    ap.add_argument("--first-prompt", type=int, default=0,
+                    help="start at this prompt of the demo's file (hold out the prompts a "
+                         "plan's traces were recorded on)")
     ap.add_argument("--multi-draft-layout", choices=("tree", "batch"), default="tree",
                     help="verify k > 1 branches as one row with tree attention (one call of "
                          "1 + k * gamma tokens) or as a batch of k rows over a repeated cache")
