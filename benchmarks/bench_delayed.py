@@ -9,9 +9,10 @@ rollouts".
 
 Here: ``k = 2`` paths of ``gamma = 3`` tokens branching at the root (``Tree.from_chains(2,
 3)``), the same two paths sharing their first ``t = 1`` or ``2`` tokens (the delayed trees),
-and root-branching trees of the delayed trees' sizes and depth (the same node budget), on ``--pairs`` random order-1 ``TabularLM`` pairs (V = 2 or 3, Dirichlet concentration
-0.3, 0.6 or 1), every number exact: tokens per call of ``rrs`` (SpecInfer), ``kseq`` (SpecTr)
-and ``optimal`` (the per-node optimal transport) against ``traversal``, where each rule's
+and root-branching trees of the delayed trees' sizes and depth (the same node budget), on
+``--pairs`` random order-1 ``TabularLM`` pairs (V = 2 or 3, Dirichlet concentration 0.3, 0.6
+or 1), every number exact: tokens per call of ``rrs`` (SpecInfer), ``kseq`` (SpecTr) and
+``optimal`` (the per-node optimal transport) against ``traversal``, where each rule's
 acceptance sits by depth (``P(accepted >= d)``), and how often delaying helps.
 
     .venv/bin/python benchmarks/bench_delayed.py [--pairs 1000]
