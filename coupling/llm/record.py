@@ -149,6 +149,21 @@ def _overhead_ms(target_model, drafter: ModelDrafter, prompt: list[int],
     return 1e3 * (run.seconds - run.target_seconds - run.draft_seconds) / len(run.steps)
 
 
+def _demo_pair(threads: int | None, first: int, count: int):
+    """The demo's target (bf16), its trained draft (4096-token head) as a drafter, and its
+    chat prompts ``first .. first + count - 1``, tokenised."""
+    from . import drafts, models
+    from .demo import load_prompts
+
+    if threads:
+        torch.set_num_threads(threads)
+    target = models.load_target("bfloat16")
+    drafter = ModelDrafter(drafts.load_draft(target, head_tokens=4096))
+    tok = models.load_tokenizer()
+    prompts = [models.chat_prompt(tok, t) for t in load_prompts()[first:first + count]]
+    return target, drafter, prompts
+
+
 def profile_main(argv: list[str] | None = None) -> int:
     """``coupling profile ...``: the call costs of the demo pair on this machine."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -159,14 +174,8 @@ def profile_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", required=True, help="the JSON file to write")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    from . import drafts, models
-    from .demo import load_prompts
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    target = models.load_target("bfloat16")
-    drafter = ModelDrafter(drafts.load_draft(target, head_tokens=4096))
-    prompt = models.chat_prompt(models.load_tokenizer(), load_prompts()[0])
+    target, drafter, prompts = _demo_pair(args.threads, 0, 1)
+    prompt = prompts[0]
     sizes = sorted({int(n) for n in args.sizes.split(",")})
     if sizes[0] < 1:
         print("coupling profile: error: --sizes must be >= 1", file=sys.stderr)
@@ -202,19 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--out", required=True, help="the .npz file to write")
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
-    from . import drafts, models
-    from .demo import load_prompts
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    target = models.load_target("bfloat16")
-    drafter = ModelDrafter(drafts.load_draft(target, head_tokens=4096))
-    tok = models.load_tokenizer()
-    texts = load_prompts()[args.first_prompt:args.first_prompt + args.prompts]
-    if not texts:
+    target, drafter, prompts = _demo_pair(args.threads, args.first_prompt, args.prompts)
+    if not prompts:
         print("coupling record: error: no prompts in that range", file=sys.stderr)
         return 2
-    prompts = [models.chat_prompt(tok, t) for t in texts]
     cfg = SamplingConfig(args.temperature, args.top_k, args.top_p)
     try:
         traces = record(target, drafter, prompts, width=args.width, depth=args.depth,
@@ -224,7 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:       # e.g. distinct children beyond a top-p law's support
         print(f"\ncoupling record: error: {exc}", file=sys.stderr)
         return 2
-    traces.header["models"] = {"target": models.TARGET_NAME,
+    from .models import TARGET_NAME
+
+    traces.header["models"] = {"target": TARGET_NAME,
                                "draft": "the demo's 1-layer draft (4096-token head)"}
     traces.save(args.out)
     print(f"\nwrote {args.out}: {traces.calls} calls, superset {args.width} x {args.depth} "
