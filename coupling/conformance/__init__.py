@@ -30,12 +30,15 @@ the pairs at false-positive rate ``alpha``. The report gives the p-value, the wo
 TV with a 95% interval, and the smallest TV the test detects with 90% power.
 
 :mod:`.bugs` reproduces three published verification bugs (vLLM, vllm-ascend, Hugging Face
-transformers) with exact laws, and their fixes.
+transformers) with exact laws, and their fixes; :mod:`.museum` adds more shipped bugs and
+two published "bugs" that are not, all listed by :func:`known_bugs` with the verdict the
+checker must reach.
 """
 
 from .adapters import from_torch, hf_speculative_sampling, torch_rule
 from .bugs import REPRODUCTIONS
 from .check import DRAWS, ConformanceReport, PairResult, VerifierRaised, check_verifier
+from .museum import Exhibit, known_bugs
 from .pairs import PAIR_NAMES, Pair, model_pairs
 from .verifiers import chain_law, from_rule
 
@@ -54,4 +57,6 @@ __all__ = [
     "Pair",
     "PAIR_NAMES",
     "REPRODUCTIONS",
+    "Exhibit",
+    "known_bugs",
 ]

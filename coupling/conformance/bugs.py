@@ -53,6 +53,10 @@ from .verifiers import chain_law
 
 __all__ = [
     "Reproduction",
+    "residual_law",
+    "draw",
+    "token_tau",
+    "block_weights",
     "VllmSharedNoise",
     "AscendBlockVerify",
     "HfRawQ",
@@ -70,18 +74,18 @@ __all__ = [
 ]
 
 
-def _residual(p: np.ndarray, q: np.ndarray) -> np.ndarray:
+def residual_law(p: np.ndarray, q: np.ndarray) -> np.ndarray:
     """``norm((p - q)_+)``; ``norm(p)`` when empty (a stop there has probability 0)."""
     d = np.maximum(p - q, 0.0)
     s = d.sum()
     return d / s if s > 0 else p / p.sum()
 
 
-def _draw(law: np.ndarray, rng: np.random.Generator) -> int:
+def draw(law: np.ndarray, rng: np.random.Generator) -> int:
     return int(rng.choice(law.size, p=law / law.sum()))
 
 
-def _token_tau(a: np.ndarray) -> np.ndarray:
+def token_tau(a: np.ndarray) -> np.ndarray:
     """Accepted-length law of accept-while-``u_i < a_i``: ``[gamma + 1]``."""
     run = np.concatenate([[1.0], np.cumprod(a)])
     return run * np.append(1.0 - a, 1.0)
@@ -126,7 +130,7 @@ def shared_noise_residual(p: np.ndarray, q: np.ndarray, x: int) -> np.ndarray:
     with :math:`A_j` the ``j`` smallest :math:`\kappa`, :math:`R_j = \sum_{A_j} r`,
     :math:`K_j = \sum_{A_j} q` and the last bracket's second term 0.
     """
-    r = _residual(p, q)
+    r = residual_law(p, q)
     support = np.flatnonzero(np.maximum(p - q, 0.0) > 0)
     if support.size == 0:
         return r
@@ -154,9 +158,9 @@ class VllmSharedNoise(Reproduction):
     def path_law(self, x, P, Q):
         g = x.size
         a = np.minimum(1.0, P[np.arange(g), x] / Q[np.arange(g), x])
-        nxt = [_residual(P[i], Q[i]) if self.fixed else shared_noise_residual(P[i], Q[i], x[i])
+        nxt = [residual_law(P[i], Q[i]) if self.fixed else shared_noise_residual(P[i], Q[i], x[i])
                for i in range(g)]
-        return _token_tau(a), np.vstack(nxt + [P[g]])
+        return token_tau(a), np.vstack(nxt + [P[g]])
 
     def __call__(self, drafts, p, q, rng):
         x, P, Q = self._branch(drafts, p, q)
@@ -176,7 +180,7 @@ class VllmSharedNoise(Reproduction):
             with np.errstate(divide="ignore"):
                 y = int(np.argmin(np.where(d > 0, noise / d, np.inf)))
             return np.append(x[:i], y)
-        return np.append(x, _draw(P[g], rng))
+        return np.append(x, draw(P[g], rng))
 
 
 #: The three-token example: target (0.6, 0.3, 0.1), draft (1/4, 1/4, 1/2).
@@ -241,7 +245,7 @@ def product_test_law(a: np.ndarray) -> np.ndarray:
     return tau
 
 
-def _block_weights(x, P, Q):
+def block_weights(x, P, Q):
     """Sun et al.'s running weights ``w [gamma + 1]`` and stopping probabilities ``h``."""
     g = x.size
     w = np.ones(g + 1)
@@ -265,9 +269,9 @@ class AscendBlockVerify(Reproduction):
         g = x.size
         if not self.fixed:
             a = np.minimum(1.0, P[np.arange(g), x] / Q[np.arange(g), x])
-            return product_test_law(a), np.vstack([_residual(P[i], Q[i]) for i in range(g)]
+            return product_test_law(a), np.vstack([residual_law(P[i], Q[i]) for i in range(g)]
                                                   + [P[g]])
-        w, h = _block_weights(x, P, Q)
+        w, h = block_weights(x, P, Q)
         tau = np.empty(g + 1)
         tail = 1.0
         for i in range(g, 0, -1):  # tau is the last position whose coin succeeds
@@ -275,7 +279,7 @@ class AscendBlockVerify(Reproduction):
             tail *= 1.0 - h[i]
         tau[0] = tail
         # w_i = 0 gives h_i = 0: a stop there has probability 0 and its law is never read
-        return tau, np.vstack([_residual(w[i] * P[i], Q[i]) if w[i] > 0 else P[i]
+        return tau, np.vstack([residual_law(w[i] * P[i], Q[i]) if w[i] > 0 else P[i]
                                for i in range(g)] + [P[g]])
 
     def __call__(self, drafts, p, q, rng):
@@ -283,16 +287,16 @@ class AscendBlockVerify(Reproduction):
         g = x.size
         u = rng.random(g)
         if self.fixed:
-            w, h = _block_weights(x, P, Q)
+            w, h = block_weights(x, P, Q)
             hits = np.flatnonzero(u < h[1:])
             n = int(hits[-1]) + 1 if hits.size else 0
-            law = P[g] if n == g else _residual(w[n] * P[n], Q[n])
+            law = P[g] if n == g else residual_law(w[n] * P[n], Q[n])
         else:
             a = np.minimum(1.0, P[np.arange(g), x] / Q[np.arange(g), x])
             hits = np.flatnonzero(np.cumprod(u) < np.cumprod(a))
             n = int(hits[-1]) + 1 if hits.size else 0
-            law = P[g] if n == g else _residual(P[n], Q[n])
-        return np.append(x[:n], _draw(law, rng))
+            law = P[g] if n == g else residual_law(P[n], Q[n])
+        return np.append(x[:n], draw(law, rng))
 
 
 # ------------------------------------------------------------------------ HF raw logits as q
@@ -319,7 +323,7 @@ class HfRawQ(Reproduction):
         g = x.size
         R = np.vstack([self.told(Q[i]) for i in range(g)])
         a = np.minimum(1.0, P[np.arange(g), x] / R[np.arange(g), x])
-        return _token_tau(a), np.vstack([_residual(P[i], R[i]) for i in range(g)] + [P[g]])
+        return token_tau(a), np.vstack([residual_law(P[i], R[i]) for i in range(g)] + [P[g]])
 
     def __call__(self, drafts, p, q, rng):
         x, P, Q = self._branch(drafts, p, q)
@@ -327,8 +331,8 @@ class HfRawQ(Reproduction):
         for i in range(g):
             R = self.told(Q[i])
             if not rng.random() * R[x[i]] < P[i, x[i]]:
-                return np.append(x[:i], _draw(_residual(P[i], R), rng))
-        return np.append(x, _draw(P[g], rng))
+                return np.append(x[:i], draw(residual_law(P[i], R), rng))
+        return np.append(x, draw(P[g], rng))
 
 
 VLLM_SHARED_NOISE = VllmSharedNoise()
