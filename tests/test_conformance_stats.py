@@ -165,6 +165,26 @@ def test_subtle_verifier_fails_at_default_draws(seed):
 
 @pytest.mark.parametrize("verify", [NoResidual(), Smoothed(0.1)], ids=lambda v: v.name)
 def test_broken_verifiers_fail(verify):
+    """A blatantly broken verifier fails at an early reading of its first failing pair: the
+    check stops there, with fewer loops than asked."""
     report = check_verifier(verify, draws=3_000, seed=5)
     assert not report.ok, report.table()
-    assert report.p_value < 1e-9
+    assert report.p_value < report.alpha
+    assert sum(r.draws for r in report.pairs) < 3_000 * 6
+
+
+def test_the_sequential_reading_keeps_its_false_positive_rate_and_stops_early():
+    """The readings split each pair's level (half at the last): a lossless verifier passes at
+    every seed tried and runs every loop; a lossy one stops within the first readings; the
+    readings fall on whole batches."""
+    from coupling.conformance import from_rule
+    from coupling.conformance.check import looks
+    from coupling.conformance.museum import ArgmaxVerifier
+
+    assert looks(20_000) == [1024, 2304, 4864, 9984, 20_000] and looks(100) == [100]
+    for seed in range(3):
+        ok = check_verifier(from_rule("token"), draws=2_000, seed=seed)
+        assert ok.ok and all(r.draws == 2_000 for r in ok.pairs), ok.table()
+    bad = check_verifier(ArgmaxVerifier(), seed=0)
+    assert not bad.ok and bad.pairs[0].draws == looks(20_000)[0] and len(bad.pairs) == 1
+    assert "stopped after 1 of 6 pairs" in bad.test
