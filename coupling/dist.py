@@ -34,6 +34,7 @@ from numpy.typing import ArrayLike
 __all__ = [
     "as_distribution",
     "check_pair",
+    "total_mass",
     "tv",
     "tuple_law",
     "sample_tuple",
@@ -100,23 +101,26 @@ def as_distribution(x: ArrayLike, *, atol: float = 1e-9, name: str = "p") -> np.
             f"{name} has negative entries at indices {idx} (min {arr.min():.3g}); "
             "probabilities must be >= 0 (did you pass logits? apply a softmax first)"
         )
-    # exact summation is cheap for small vocabularies; pairwise summation (error ~ eps log V)
-    # keeps a 49152-token validation at microseconds. fsum raises OverflowError where the
-    # pairwise sum would read inf: an entry that large is no probability anyway
-    try:
-        if arr.size <= 4096:
-            total = math.fsum(arr.tolist())
-        else:
-            with np.errstate(over="ignore"):        # an overflow reads inf: reported below
-                total = float(arr.sum())
-    except OverflowError:
-        total = math.inf
+    total = total_mass(arr)
     if abs(total - 1.0) > atol:
         raise ValueError(
             f"{name} sums to {total!r}, not 1 (within {atol:g}); normalise it first "
             f"({name} / {name}.sum())"
         )
     return arr / total
+
+
+def total_mass(arr: np.ndarray) -> float:
+    """The sum of a float64 vector as :func:`as_distribution` divides by it: exact (``fsum``)
+    up to 4096 entries, pairwise beyond (error ~ eps log V keeps a 49152-token validation at
+    microseconds); ``inf`` where it overflows (an entry that large is no probability)."""
+    try:
+        if arr.size <= 4096:
+            return math.fsum(arr.tolist())
+        with np.errstate(over="ignore"):
+            return float(arr.sum())
+    except OverflowError:
+        return math.inf
 
 
 def check_pair(

@@ -234,3 +234,24 @@ def test_user_pairs_must_share_a_vocabulary():
         check_verifier(from_rule("token"), pairs=pairs, draws=10)
     with pytest.raises(TypeError, match="pairs"):
         check_verifier(from_rule("token"), pairs=[object()])
+
+
+def test_rules_decide_alike_without_their_per_call_checks():
+    """from_rule calls the rules with validate=False (the checker's laws are checked where it
+    builds them): the same arrays reach the core, so every single-step rule decides exactly
+    as with its checks, draw for draw."""
+    from coupling import RULES
+
+    rng = np.random.default_rng(0)
+    for name, rule in RULES.items():
+        if rule.unit != "token":
+            continue
+        k = 1 if rule.max_drafts == 1 else 2
+        replacement = rule.supports(k, True)
+        for t in range(60):
+            p, q = rng.dirichlet(np.ones(4)), rng.dirichlet(np.ones(4))
+            d = rule.draw_drafts(q, k, replacement, rng)        # the rule's own draft law
+            kw = dict(replacement=replacement)
+            checked = rule.sample(p, q, d, np.random.default_rng(t), **kw)
+            assert rule.sample(p, q, d, np.random.default_rng(t), validate=False,
+                               **kw) == checked, name

@@ -65,6 +65,7 @@ from ..dist import (
     as_distribution,
     check_pair,
     sample_tuple,
+    total_mass,
     tuple_law,
     validate_drafts,
     validate_k,
@@ -264,9 +265,17 @@ class Rule:
         return int(self._verify(pa, qa, d, u, replacement))
 
     def sample(self, p: ArrayLike, q: ArrayLike, drafts: ArrayLike, rng: np.random.Generator,
-               *, replacement: bool = True) -> int:
-        """One verification step: :meth:`verify` with uniforms from ``rng``."""
-        pa, qa, d, replacement = self._prepare_drafts(p, q, drafts, replacement)
+               *, replacement: bool = True, validate: bool = True) -> int:
+        """One verification step: :meth:`verify` with uniforms from ``rng``. ``validate=False``
+        trusts float64 laws and int64 drafts its caller already checked (a loop that builds
+        them, as the conformance checker does), skipping the per-call checks."""
+        if validate:
+            pa, qa, d, replacement = self._prepare_drafts(p, q, drafts, replacement)
+        else:       # the very arrays validation returns: float64, divided by their mass
+            self._single_step()
+            pa, qa = (np.asarray(a, dtype=np.float64) for a in (p, q))
+            pa, qa = pa / total_mass(pa), qa / total_mass(qa)
+            d, replacement = np.asarray(drafts, dtype=np.int64), bool(replacement)
         u = self.draw_uniforms(require_generator(rng), self.n_uniforms(d.size, pa.size))
         return int(self._verify(pa, qa, d, u, replacement))
 
