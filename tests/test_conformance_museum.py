@@ -8,8 +8,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from coupling.conformance import check_verifier
+from coupling.conformance import check_verifier, probe_boundaries
 from coupling.conformance.museum import HsdSinglePath, bf16, known_bugs
+from coupling.conformance.probes import VALUES, BoundaryGenerator
 from coupling.testing import assert_sampler_matches_law
 
 EXHIBITS = known_bugs()
@@ -19,16 +20,44 @@ def test_the_museum_holds_ten_bugs_and_their_controls():
     keys = [e.key for e in EXHIBITS]
     assert len(set(keys)) == len(keys)
     assert sum(e.lossy for e in EXHIBITS) >= 10
-    assert {"exact_match", "hsd_single_path", "reseeded_generator"} <= set(keys)
+    assert {"exact_match", "hsd_single_path", "reseeded_generator",
+            "inclusive_zero_coin"} <= set(keys)
 
 
 @pytest.mark.parametrize("exhibit", EXHIBITS, ids=lambda e: e.key)
 def test_every_exhibit_gets_its_verdict_exactly(exhibit):
+    """Exact mode flags each bug its law shows; a bug of probability 0 (SGLang's inclusive
+    comparison) has the target's law and is caught by the boundary probes instead, which
+    never flag a lossless exhibit."""
     report = check_verifier(exhibit.verifier, exact=True)
-    if exhibit.lossy:
+    probes = probe_boundaries(exhibit.verifier)
+    if exhibit.lossy and exhibit.caught_by == "exact":
         assert not report.ok and report.tv > 1e-4, report.table()
     else:
         assert report.ok and report.tv < 1e-12, report.table()
+    if exhibit.caught_by == "probe":
+        assert probes.ok is False and probes.failures[0].value in (0.0, VALUES[1]), probes
+    if not exhibit.lossy:
+        assert probes.ok, probes
+
+
+def test_probes_name_the_failing_input_and_refuse_other_randomness():
+    from coupling.conformance.museum import InclusiveZeroCoin
+
+    report = probe_boundaries(InclusiveZeroCoin())
+    text = str(report)
+    assert "FAIL" in text and "pair 'p-zeros'" in text and "target probability 0" in text
+    f = report.failures[0]
+    assert f.token in f.emitted and f.drafts[0][0] == f.token
+
+    def integers_verifier(drafts, p, q, rng):
+        return np.array([rng.integers(0, p.shape[-1])])
+
+    skipped = probe_boundaries(integers_verifier)
+    assert skipped.ok is None and "rng.integers" in skipped.reason
+    gen = BoundaryGenerator(0.0)
+    assert isinstance(gen, np.random.Generator) and gen.choice(3, p=[0.0, 0.5, 0.5]) == 1
+    assert BoundaryGenerator(VALUES[-1]).choice(3, p=[0.5, 0.5, 0.0]) == 1
 
 
 @pytest.mark.parametrize("exhibit", [e for e in EXHIBITS if hasattr(e.verifier, "path_law")],

@@ -32,7 +32,8 @@ TV with a 95% interval, and the smallest TV the test detects with 90% power.
 :mod:`.bugs` reproduces three published verification bugs (vLLM, vllm-ascend, Hugging Face
 transformers) with exact laws, and their fixes; :mod:`.museum` adds more shipped bugs and
 two published "bugs" that are not, all listed by :func:`known_bugs` with the verdict the
-checker must reach.
+checker must reach; :func:`probe_boundaries` (:mod:`.probes`) feeds a verifier uniforms at
+their boundaries, where bugs of probability 0 under the law hide.
 """
 
 from .adapters import from_torch, hf_speculative_sampling, torch_rule
@@ -40,6 +41,7 @@ from .bugs import REPRODUCTIONS
 from .check import DRAWS, ConformanceReport, PairResult, VerifierRaised, check_verifier
 from .museum import Exhibit, known_bugs
 from .pairs import PAIR_NAMES, Pair, model_pairs
+from .probes import ProbeReport, probe_boundaries
 from .verifiers import chain_law, from_rule
 
 __all__ = [
@@ -59,4 +61,6 @@ __all__ = [
     "REPRODUCTIONS",
     "Exhibit",
     "known_bugs",
+    "probe_boundaries",
+    "ProbeReport",
 ]

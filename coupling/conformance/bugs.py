@@ -177,7 +177,7 @@ class VllmSharedNoise(Reproduction):
             if not d.sum() > 0:  # p == q: a rejection has probability 0
                 return np.append(x[:i], t)
             noise = rng.exponential(size=V) if self.fixed else E
-            with np.errstate(divide="ignore"):
+            with np.errstate(divide="ignore", invalid="ignore"):   # d = 0 entries are masked
                 y = int(np.argmin(np.where(d > 0, noise / d, np.inf)))
             return np.append(x[:i], y)
         return np.append(x, draw(P[g], rng))

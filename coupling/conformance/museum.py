@@ -28,6 +28,11 @@ The first three are the reproductions of :mod:`.bugs` (with their fixes).
 ``hsd_single_path`` (arXiv:2601.05724, its public code)
     Hierarchical speculative decoding's single-path verification (``proofs/hsd_lossy.py``
     has the law and the exact counterexample).
+``inclusive_zero_coin`` (SGLang #35771)
+    Token verification comparing ``u <= p(x) / q(x)`` where ``u < p(x) / q(x)`` is meant: a
+    draft the target gives probability 0 is accepted when the coin is exactly 0 (or so small
+    that ``u q(x)`` underflows). Its law is speculative sampling's, so no test of the law
+    sees it; the boundary probes do (:mod:`.probes`).
 ``medusa_typical`` (Cai et al. 2024)
     Typical acceptance, published as lossy: the checker measures its distortion.
 ``exact_match`` (dflash #74, mlx-swift-lm #459: reported as bugs, not bugs)
@@ -54,19 +59,22 @@ from .bugs import (
 from .verifiers import from_rule
 
 __all__ = ["Exhibit", "known_bugs", "ReseededGenerator", "ArgmaxVerifier", "MinPMissing",
-           "Bf16Judge", "AscendResidualOneEarly", "HsdSinglePath", "hsd_path_law"]
+           "Bf16Judge", "AscendResidualOneEarly", "HsdSinglePath", "InclusiveZeroCoin",
+           "hsd_path_law"]
 
 
 @dataclass(frozen=True)
 class Exhibit:
     """A museum piece: ``verifier`` is lossy iff ``lossy`` (the verdict the checker must
-    reach), ``source`` where it was reported."""
+    reach), ``source`` where it was reported, ``caught_by`` the check that sees it ("exact":
+    its law; "probe": only the boundary probes of :mod:`.probes`)."""
 
     key: str
     source: str
     summary: str
     verifier: object
     lossy: bool
+    caught_by: str = "exact"
 
 
 def _ratios(x, P, Q) -> np.ndarray:
@@ -232,6 +240,23 @@ class HsdSinglePath(Reproduction):
     __call__ = _sample_path
 
 
+class InclusiveZeroCoin(Reproduction):
+    """Token verification accepting when ``u <= p(x) / q(x)`` (SGLang #35771; module doc)."""
+
+    key = "inclusive_zero_coin"
+    issue = "SGLang #35771"
+
+    def path_law(self, x, P, Q):        # the law is speculative sampling's
+        return token_tau(_ratios(x, P, Q)), _token_nxt(P, Q, x.size)
+
+    def __call__(self, drafts, p, q, rng):
+        x, P, Q = self._branch(drafts, p, q)
+        for i in range(x.size):
+            if not rng.random() * Q[i, x[i]] <= P[i, x[i]]:
+                return np.append(x[:i], draw(residual_law(P[i], Q[i]), rng))
+        return np.append(x, draw(P[x.size], rng))
+
+
 def known_bugs() -> tuple[Exhibit, ...]:
     """Every exhibit (module doc), bugs first, each with the verdict the checker must reach."""
     out = [Exhibit(key, bug.issue, (type(bug).__doc__ or "").strip().splitlines()[0], bug,
@@ -242,6 +267,8 @@ def known_bugs() -> tuple[Exhibit, ...]:
                     AscendResidualOneEarly(), HsdSinglePath()):
         out.append(Exhibit(exhibit.key, exhibit.issue,
                            (type(exhibit).__doc__ or "").strip().splitlines()[0], exhibit, True))
+    out.append(Exhibit(InclusiveZeroCoin.key, InclusiveZeroCoin.issue,
+                       "accept iff u <= p(x) / q(x)", InclusiveZeroCoin(), True, "probe"))
     out.append(Exhibit("medusa_typical", "Cai et al. 2024 (Medusa), published as lossy",
                        "typical acceptance", from_rule("typical"), True))
     out.append(Exhibit("exact_match", "dflash #74, mlx-swift-lm #459 (not bugs)",
