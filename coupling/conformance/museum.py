@@ -230,9 +230,6 @@ class HsdSinglePath(Reproduction):
     key = "hsd_single_path"
     issue = "arXiv:2601.05724 (its public code)"
 
-    def __init__(self):
-        super().__init__()
-
     def path_law(self, x, P, Q):
         tau, nxt = hsd_path_law(x, P, Q)
         return tau, np.vstack(nxt)

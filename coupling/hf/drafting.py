@@ -18,6 +18,7 @@ with the same uniforms; each branch then continues as a chain of its own.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -127,6 +128,7 @@ class Leaves:
     offset: torch.Tensor  # [N + 1] each node's depth (0 for the root)
 
     @classmethod
+    @functools.lru_cache(maxsize=16)     # one layout per tree and device, read every step
     def of(cls, tree: topology.Tree, device: torch.device) -> Leaves:
         leaves = [n for n in range(tree.size) if not tree.kids[n]]
         path = torch.full((len(leaves), tree.depth), -1, dtype=torch.long)

@@ -318,10 +318,9 @@ def tree_step(tlm: CachedLM, drafter, seq: list[int], run: Run, gen: torch.Gener
     rows = [0] + [1 + n for n in path if tree.kids[n]]          # judged laws along the path
     if run.record_alpha:
         rec.alpha = torch.minimum(p[rows].double(), q[rows].double()).sum(-1).tolist()
-    if run.predict and any(callable(getattr(RULES[run.rule], f, None))
-                           for f in ("try_law", "topology_law")):
-        from coupling.sequence.predict import conditional_tree_tokens
+    from coupling.sequence.predict import conditional_tree_tokens, values_trees
 
+    if run.predict and values_trees(run.rule):
         rec.predicted = rec.conditional = conditional_tree_tokens(
             run.rule, tree, drafts.cpu().numpy(), p.double().cpu().numpy(),
             q.double().cpu().numpy())

@@ -164,14 +164,7 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
                          f"{p.shape[-1]} entries, q {q.shape[-1]}")
     V, idx = p.shape[-1], None
     if compress:
-        idx, ok = checked_support(p, q)
-        if not ok:   # a NaN, inf or negative entry: the checks below name it on full laws
-            idx = None
-    if idx is not None:
-        x = torch.searchsorted(idx, drafts).clamp_(max=max(idx.numel() - 1, 0))
-        if idx.numel() == 0 or not torch.equal(idx[x], drafts):
-            raise ValueError(_OFF_SUPPORT)
-        drafts, p, q = x, p[..., idx], q[..., idx]
+        drafts, p, q, idx = _compressed(drafts, p, q)
     if p.device.type == "cpu":
         m, c, y = _decide_numpy(rule, replacement, drafts, p, q, seed, position, idx)
         toks = drafts[c, :m].tolist() + [y]
@@ -187,6 +180,19 @@ def decide(rule: str, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, se
     if idx is not None:
         toks = idx[torch.tensor(toks, dtype=torch.int64, device=idx.device)].tolist()
     return m, c, toks
+
+
+def _compressed(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor):
+    """``(drafts, p, q, idx)`` on the laws' support ``idx`` (drafts renumbered into it), or
+    the inputs and ``None`` where some entry is NaN, infinite or negative (it lies outside
+    every support: the caller names it on the full laws)."""
+    idx, ok = checked_support(p, q)
+    if not ok:
+        return drafts, p, q, None
+    x = torch.searchsorted(idx, drafts).clamp_(max=max(idx.numel() - 1, 0))
+    if idx.numel() == 0 or not torch.equal(idx[x], drafts):
+        raise ValueError(_OFF_SUPPORT)
+    return x, p[..., idx], q[..., idx], idx
 
 
 def decide_tree(rule: str, tree: Tree, drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor,
@@ -209,18 +215,12 @@ def decide_tree(rule: str, tree: Tree, drafts: torch.Tensor, q: torch.Tensor, p:
     if drafts.shape != (tree.size,) or p.shape != q.shape or p.shape[0] != tree.size + 1:
         raise ValueError(f"a {tree.size}-node tree takes drafts [N] and p, q [N + 1, V]; got "
                          f"{tuple(drafts.shape)}, {tuple(p.shape)}, {tuple(q.shape)}")
-    idx, ok = checked_support(p, q)
-    if ok:
-        x = torch.searchsorted(idx, drafts).clamp_(max=max(idx.numel() - 1, 0))
-        if idx.numel() == 0 or not torch.equal(idx[x], drafts):
-            raise ValueError(_OFF_SUPPORT)
-        drafts, p, q = x, p[:, idx], q[:, idx]
-    else:   # a NaN, infinite or negative entry: named on the full laws
+    drafts, p, q, idx = _compressed(drafts, p, q)
+    if idx is None:     # a bad entry, named on the full laws: the numpy walk reads them as is
         from coupling.torch_backend import check_probs
 
         check_probs(p, "p")
         check_probs(q, "q")
-        idx = None
     if p.device.type == "cpu":
         coins, u = tree_uniforms(r, seed, position, tree)
         m, node, y = walk_topology(r, tree, drafts.numpy(), p.detach().numpy(),

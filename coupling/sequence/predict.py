@@ -43,7 +43,7 @@ from ..rules.topology import check_tree_rule
 from ..tree import Tree
 
 __all__ = ["check_record", "predicted_tokens", "optimal_tokens", "conditional_tokens",
-           "conditional_tree_tokens", "node_reach"]
+           "conditional_tree_tokens", "values_trees", "node_reach"]
 
 
 def check_record(drafts, p, q, branch: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
@@ -117,7 +117,7 @@ def conditional_tree_tokens(rule: str | Rule, tree: Tree, drafts, p, q) -> float
     """
     r = get_rule(rule)
     judged = callable(getattr(r, "topology_law", None))
-    if not callable(getattr(r, "try_law", None)) and not judged:
+    if not values_trees(r):
         raise ValueError(f"conditional_tree_tokens needs a rule that states which try accepts "
                          f"given the drafts (rule.try_law: token, rrs) or the law of a call "
                          f"given the tree (rule.topology_law: traversal), not {r.name!r}")
@@ -138,6 +138,13 @@ def conditional_tree_tokens(rule: str | Rule, tree: Tree, drafts, p, q) -> float
         return out
 
     return value((-1,))
+
+
+def values_trees(rule: str | Rule) -> bool:
+    """Whether :func:`conditional_tree_tokens` takes ``rule`` (``try_law`` or
+    ``topology_law``)."""
+    r = get_rule(rule)
+    return any(callable(getattr(r, f, None)) for f in ("try_law", "topology_law"))
 
 
 def node_reach(rule: str | Rule, tree: Tree, drafts, p, q) -> np.ndarray:
