@@ -18,6 +18,8 @@ The names a user needs are importable from here (the submodules hold the rest):
   :func:`tree_verifier_lp`, :func:`full_information_tree_accepted` (the LP over every lossless
   verifier of the tree, the optimum ``traversal`` and ``gbv`` are measured against),
   :func:`path_selection_lp`;
+* planning: :func:`plan` (the rule and draft tree to run, from recorded traces and call
+  costs; :mod:`coupling.planner`);
 * the batched torch twins: :func:`verify` (a rule's twin, and torch, load on first use).
 """
 
@@ -31,6 +33,7 @@ from .lp.solve import (
     solve_transport,
 )
 from .lp.solvers import SolverError
+from .planner import plan
 from .rules import NEGATIVE_CONTROLS, RULES, Rule, verify
 from .rules.optimal import optimal_acceptance
 from .sequence import (
@@ -92,5 +95,6 @@ __all__ = [
     "Tree",
     "motivating_example",
     "verify",
+    "plan",
 ]
 

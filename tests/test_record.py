@@ -68,15 +68,94 @@ def test_profile_writes_the_cost_table_plan_reads(pair, tmp_path):
     from coupling.planner import Cost
 
     target, draft = pair
-    cost = profile(target, E.ModelDrafter(draft), [1, 2, 3, 4], sizes=[1, 3, 9], repeats=2)
-    assert set(cost["target_ms"]) == {"1", "3", "9"} and cost["draft_ms"] > 0
-    assert cost["step_overhead_ms"] > 0
+    cost = profile(target, E.ModelDrafter(draft), [1, 2, 3, 4], sizes=[1, 3, 9], repeats=2,
+                   rules=("rrs",), batches=(2,))
+    assert set(cost["target_ms_batch"]) == set(cost["draft_ms_batch"]) == {"2"}
+    assert set(cost["target_ms"]) == set(cost["draft_ms"]) == {"1", "3", "9"}
+    assert min(cost["draft_ms"].values()) > 0
+    over = cost["step_overhead_ms"]
+    assert set(over) == {"rrs"} and set(over["rrs"]) == {"2", "3", "9", "12", "39"}
+    assert min(over["rrs"].values()) > 0
     path = tmp_path / "cost.json"
     path.write_text(json.dumps(cost))
     loaded = Cost.load(str(path))
     assert loaded.call(1) == pytest.approx(cost["target_ms"]["1"])
-    assert loaded.step(Tree.from_branching([2])) == pytest.approx(
-        cost["target_ms"]["3"] + cost["draft_ms"] + cost["step_overhead_ms"])
+    # "3,3": the target on 13 tokens, the draft on the accepted text (1) and on level 1 (3)
+    tree = Tree.from_spec("3,3")
+    t, d = cost["target_ms"], cost["draft_ms"]
+    assert loaded.step(tree, "rrs") == pytest.approx(
+        float(np.interp(13, [1, 3, 9], [t["1"], t["3"], t["9"]])) + d["1"] + d["3"]
+        + over["rrs"]["12"])
+    assert loaded.step(tree, "traversal") == loaded.step(tree, "rrs")   # rrs's, the first
+    two = loaded.at_batch(2)
+    assert two.call(3) == pytest.approx(cost["target_ms_batch"]["2"]["3"])
+    assert two.overhead("rrs", 12) == pytest.approx(2 * over["rrs"]["12"])
+    assert loaded.at_batch(1) is loaded
+    with pytest.raises(ValueError, match="--batches 4"):
+        loaded.at_batch(4)
     path.write_text("{}")
     with pytest.raises(ValueError, match="not a cost table"):
         Cost.load(str(path))
+
+
+# ------------------------------------------------------------------ any pair of local folders
+def _save_pair(target, draft, root, draft_words=None):
+    """The tiny pair as two Hugging Face folders with a 10-word tokenizer (``w0`` .. ``w9``);
+    ``draft_words``: give the draft a tokenizer of other words."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    def tokenizer(words):
+        tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token=words[0]))
+        tk.pre_tokenizer = pre_tokenizers.Whitespace()
+        return PreTrainedTokenizerFast(tokenizer_object=tk, unk_token=words[0],
+                                       eos_token=words[-1])
+
+    words = [f"w{i}" for i in range(10)]
+    for model, name, ws in ((target, "t", words), (draft, "d", draft_words or words)):
+        model.save_pretrained(root / name)
+        tokenizer(ws).save_pretrained(root / name)
+    return str(root / "t"), str(root / "d")
+
+
+def test_record_and_profile_any_local_pair(pair, tmp_path, capsys):
+    import json
+
+    from coupling.llm.pairs import read_prompts
+    from coupling.llm.record import main, profile_main
+
+    t_dir, d_dir = _save_pair(*pair, tmp_path)
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("w1 w2 w3\n\nw4 w5\n")
+    assert read_prompts(prompts) == ["w1 w2 w3", "w4 w5"]
+    out = tmp_path / "t.npz"
+    args = ["--target", t_dir, "--draft", d_dir, "--prompt-file", str(prompts), "--no-chat"]
+    assert main([*args, "--prompts", "2", "--tokens", "4", "--width", "2", "--depth", "2",
+                 "--top-k", "4", "--out", str(out)]) == 0
+    traces = TreeTraces.load(out)
+    assert traces.header["models"] == {"target": t_dir, "draft": d_dir}
+    assert set(traces.context.tolist()) == {0, 1}
+    cost = tmp_path / "cost.json"
+    assert profile_main([*args, "--sizes", "1,3", "--repeats", "1", "--context", "8",
+                         "--out", str(cost)]) == 0
+    data = json.loads(cost.read_text())
+    assert data["models"] == traces.header["models"] and data["context_tokens"] == 8
+    assert data["plain_overhead_ms"] > 0
+    capsys.readouterr()
+
+
+def test_record_refuses_a_draft_of_another_tokenizer(pair, tmp_path, capsys):
+    from coupling.llm.pairs import load_pair, read_prompts
+    from coupling.llm.record import main
+
+    t_dir, d_dir = _save_pair(*pair, tmp_path, draft_words=[f"x{i}" for i in range(10)])
+    assert main(["--target", t_dir, "--draft", d_dir, "--out", str(tmp_path / "t.npz")]) == 2
+    assert "tokenizer differs" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="one of --draft DIR or --exit-layer"):
+        load_pair(target=t_dir)
+    with pytest.raises(ValueError, match="pair 'llama'"):
+        load_pair("llama")
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"prompts": [1, 2]}')
+    with pytest.raises(ValueError, match="--prompt-file"):
+        read_prompts(bad)

@@ -191,9 +191,13 @@ def test_plan_ranks_exact_candidates_and_says_when_plain_sampling_wins(tmp_path,
     assert json.loads(dear.to_json())["recommended"] == "no speculation"
     assert main([str(path), "--rules", "rrs,token", "--target-ms", "1:40,7:41", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
-    assert set(out) == {"recommended", "plain_tokens_per_s", "candidates"}
-    assert {"rule", "tree", "predicted_tokens_per_call", "predicted_tokens_per_s"} <= \
-        set(out["candidates"][0])
+    assert set(out) == {"recommended", "plain_tokens_per_s", "sequoia", "candidates"}
+    first = out["candidates"][0]
+    assert {"rule", "tree", "k", "gamma", "predicted_tokens_per_call", "predicted_tokens_per_s",
+            "predicted_tokens_per_s_interval"} <= set(first)
+    low, high = first["predicted_tokens_per_s_interval"]
+    assert low <= first["predicted_tokens_per_s"] <= high
+    assert out["sequoia"]["source"] == "sequoia"
     assert main([str(path), "--target-ms", "1:x"]) == 2
     assert "tokens:ms pairs" in capsys.readouterr().err
 
@@ -217,3 +221,66 @@ def test_the_exact_knapsack_never_loses_to_sequoias_positional_model():
             for (a, _), (b, _) in zip(ours, theirs, strict=True)]
     assert min(gaps) > -1e-12 and max(gaps) > 1e-4
     assert {r.source for r in plan(traces, ["rrs"]).candidates} >= {"knapsack", "sequoia"}
+
+
+def test_sequoias_choice_follows_its_own_speed_model():
+    """Sequoia's planner keeps the size its positional model predicts fastest: the whole
+    superset when a bigger call costs nothing more, one node when every scored token costs a
+    decoding call; either way scored exactly on the traces."""
+    from coupling.planner import Cost, sequoia_choice
+
+    t, d = pair(3, 3)
+    contexts = [(a, b) for a in range(3) for b in range(3)]
+    traces = from_models(t, d, 2, 2, contexts, np.random.default_rng(4), calls_per_context=4)
+    flat = sequoia_choice(traces, Cost.parse("1:40,7:40", 0.0))
+    steep = sequoia_choice(traces, Cost.parse("1:40,7:4000", 0.0))
+    assert flat.tree.size == traces.superset.size and steep.tree.size == 1
+    for row in (flat, steep):
+        assert row.source == "sequoia"
+        assert row.tokens_per_call.mean == pytest.approx(
+            tokens_per_call(traces, "rrs", row.tree).mean, abs=1e-12)
+
+
+@pytest.mark.parametrize("name, vocab", [("tree_traces_smollm2.npz", 49152),
+                                         ("tree_traces_gemma3.npz", 262144)])
+def test_the_shipped_tree_traces_plan_their_pair(name, vocab):
+    """The recorded traces of the shipped pairs load, say which pair and settings they hold,
+    and plan: every candidate exact on them, the knapsack's best tree of each size never
+    below Sequoia's by more than the i.i.d. approximation allows."""
+    from pathlib import Path
+
+    from coupling.planner import Cost, plan
+
+    path = Path(coupling.__file__).parent / "data" / name
+    traces = TreeTraces.load(path)
+    from coupling.llm.sampling import SamplingConfig
+
+    traces.check(vocab_size=vocab, sampling=SamplingConfig(0.7, 50, 0.95).as_dict())
+    assert set(traces.header["models"]) == {"target", "draft"}
+    assert traces.superset == Tree.from_branching([3, 3, 3]) and traces.calls >= 100
+    result = plan(traces, ["token", "rrs", "traversal"], Cost.parse("1:40,13:44", 2.0, 4.0))
+    for row in result.candidates[:5]:
+        assert row.tokens_per_call.mean == pytest.approx(
+            tokens_per_call(traces, row.rule, row.tree).mean, abs=1e-12)
+        assert 1.0 <= row.tokens_per_call.low <= row.tokens_per_call.mean <= \
+            row.tokens_per_call.high <= 1 + row.tree.depth
+    assert result.sequoia is not None and result.sequoia.source == "sequoia"
+
+
+def test_the_plan_plots_speed_against_tree_size():
+    """One line per rule through its best candidate of each size, and plain sampling's
+    level; without costs the axis is tokens per call."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from coupling.planner import Cost, plan
+
+    t, d = pair(3, 3)
+    traces = from_models(t, d, 2, 2, [(0, 1), (2, 2)], np.random.default_rng(1),
+                         calls_per_context=4)
+    ax = plan(traces, ["rrs", "traversal"], Cost.parse("1:40,7:44", 1.0)).plot()
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == {"rrs", "traversal", "plain sampling"}
+    assert ax.get_ylabel() == "predicted tokens/s"
+    assert lines["plain sampling"].get_ydata()[0] == pytest.approx(1e3 / 40)
+    assert plan(traces, ["rrs"]).plot().get_ylabel() == "tokens per target call"

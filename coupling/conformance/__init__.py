@@ -33,12 +33,21 @@ TV with a 95% interval, and the smallest TV the test detects with 90% power.
 transformers) with exact laws, and their fixes; :mod:`.museum` adds more shipped bugs and
 two published "bugs" that are not, all listed by :func:`known_bugs` with the verdict the
 checker must reach; :func:`probe_boundaries` (:mod:`.probes`) feeds a verifier uniforms at
-their boundaries, where bugs of probability 0 under the law hide.
+their boundaries, where bugs of probability 0 under the law hide; and
+:func:`minimal_counterexample` (:mod:`.minimal`) finds a failing verifier's smallest failing
+case, with the strings that are off and a script that reproduces it.
+
+Loop mode, :func:`check_generation` (:mod:`.generation`): the code under test drafts by
+itself (a whole speculative generation loop, handed the two models as logits and a
+generator), optionally with the engine's own logit processing, and the law of what it
+generates is tested against the (processed) target's.
 """
 
 from .adapters import from_torch, hf_speculative_sampling, torch_rule
 from .bugs import REPRODUCTIONS
 from .check import DRAWS, ConformanceReport, PairResult, VerifierRaised, check_verifier
+from .generation import GenerationRaised, check_generation
+from .minimal import Counterexample, minimal_counterexample
 from .museum import Exhibit, known_bugs
 from .pairs import PAIR_NAMES, Pair, model_pairs
 from .probes import ProbeReport, probe_boundaries
@@ -46,6 +55,10 @@ from .verifiers import chain_law, from_rule
 
 __all__ = [
     "check_verifier",
+    "check_generation",
+    "GenerationRaised",
+    "minimal_counterexample",
+    "Counterexample",
     "ConformanceReport",
     "PairResult",
     "VerifierRaised",

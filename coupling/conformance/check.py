@@ -91,7 +91,7 @@ class ConformanceReport:
 
     ok: bool
     verifier: str
-    mode: str  # "statistical" or "exact"
+    mode: str  # "statistical", "exact" or "loop" (check_generation)
     p_value: float | None
     tv: float
     tv_interval: tuple[float, float]
@@ -117,11 +117,12 @@ class ConformanceReport:
         return self.table()
 
     def table(self) -> str:
-        mode = "i.i.d." if self.replacement else "without replacement"
+        law = "i.i.d." if self.replacement else "without replacement"
+        drafting = ("its own drafting" if self.mode == "loop" else
+                    f"gamma={self.gamma}, k={self.k} ({law})")
         lines = [
-            f"conformance of {self.verifier}: {self.mode}, V={self.vocab_size}, "
-            f"gamma={self.gamma}, k={self.k} ({mode}), first {self.length} tokens, "
-            f"seed={self.seed}",
+            f"conformance of {self.verifier}: {self.mode}, V={self.vocab_size}, {drafting}, "
+            f"first {self.length} tokens, seed={self.seed}",
             f"test: {self.test}",
             "",
             f"{'pair':<10}{'draws':>8}{'G':>10}{'dof':>6}{'p-value':>10}   "
@@ -319,7 +320,8 @@ def _check_settings(verify, replacement, alpha, exact: bool) -> None:
 
 
 def _report(verify, results: tuple[PairResult, ...], *, exact: bool, alpha: float,
-            draws: int, settings: dict, seconds: float, pairs: int) -> ConformanceReport:
+            draws: int, settings: dict, seconds: float, pairs: int,
+            mode: str | None = None) -> ConformanceReport:
     m = pairs                                 # Bonferroni over every pair, run or not
     worst = max(results, key=lambda r: r.tv)
     if exact:
@@ -338,7 +340,8 @@ def _report(verify, results: tuple[PairResult, ...], *, exact: bool, alpha: floa
         if len(results) < m:
             test += f"; stopped after {len(results)} of {m} pairs: the verdict was FAIL"
     return ConformanceReport(
-        ok=bool(ok), verifier=_name(verify), mode="exact" if exact else "statistical",
+        ok=bool(ok), verifier=_name(verify),
+        mode=mode or ("exact" if exact else "statistical"),
         p_value=p_value, tv=worst.tv, tv_interval=(worst.tv_low, worst.tv_high),
         draws=0 if exact else draws, detectable_tv=max(r.detectable_tv for r in results),
         alpha=alpha, **settings, seconds=seconds, test=test, pairs=results)

@@ -13,8 +13,9 @@ Examples
 batched ``fn(drafts, p, q, generator)`` with :func:`coupling.conformance.from_torch`. The
 exit status is 0 when the check passes, 1 when it finds a loss or the verifier raises on valid
 input (a failure too: its traceback is printed with the pair and drafts it was given), 2 on bad
-input to the command. ``MODULE`` is imported as ``python -m`` would, the current directory
-first.
+input to the command. A FAIL also prints the smallest failing case (``--no-minimize``: not):
+the vocabulary, draft length and model pair, the strings that are off, and a script.
+``MODULE`` is imported as ``python -m`` would, the current directory first.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def add_arguments(a: argparse.ArgumentParser) -> argparse.ArgumentParser:
     a.add_argument("--torch", action="store_true",
                    help="NAME is a batched torch verifier fn(drafts, p, q, generator)")
     a.add_argument("--json", action="store_true", help="print the report as JSON")
+    a.add_argument("--no-minimize", action="store_true",
+                   help="on a FAIL, skip the search for the smallest failing case")
     a.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     a.set_defaults(run=run)
     return a
@@ -128,8 +131,28 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         print(f"coupling conformance: error: {flag_words(str(exc))}", file=sys.stderr)
         return 2
-    print(json.dumps(report.to_dict(), indent=2) if args.json else report.table())
+    found = None if report.ok or args.no_minimize else _minimize(verify, args)
+    if args.json:
+        out = report.to_dict()
+        if found is not None:
+            out["counterexample"] = {"vocab_size": found.vocab_size, "gamma": found.gamma,
+                                     "pair": found.pair, "tv": found.report.tv,
+                                     "strings": [list(s) for s in found.strings],
+                                     "script": found.script}
+        print(json.dumps(out, indent=2))
+    else:
+        print(report.table() + (f"\n\n{found}" if found is not None else ""))
     return 0 if report.ok else 1
+
+
+def _minimize(verify, args: argparse.Namespace):
+    """The smallest failing case (:func:`coupling.conformance.minimal_counterexample`)."""
+    from .minimal import minimal_counterexample
+
+    return minimal_counterexample(
+        verify, vocab_size=args.vocab_size, gamma=args.gamma, k=args.k,
+        replacement=not args.without_replacement, seed=args.seed, alpha=args.alpha,
+        exact=args.exact, draws=args.draws, source=args.target)
 
 
 def main(argv: list[str] | None = None) -> int:

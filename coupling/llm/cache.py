@@ -27,8 +27,8 @@ import torch
 from .models import GROUPED_SDPA
 
 __all__ = ["CachedLM", "TREE_ATTENTION", "TREE_MODEL_TYPES", "check_prompt", "common_prefix",
-           "prefill", "supports_tree", "tree_mask", "ancestor_mask", "chain_parents",
-           "vocab_size"]
+           "prefill", "supports_tree", "tree_positions", "tree_mask", "ancestor_mask",
+           "chain_parents", "vocab_size"]
 
 
 def check_prompt(prompt: list[int], vocab_size: int | None) -> list[int]:
@@ -239,6 +239,11 @@ class CachedLM:
             depth.append(1 if a < 0 else depth[a] + 1)
         pos = torch.cat([torch.arange(n0, n0 + f),
                          torch.tensor(depth[len(links):], dtype=torch.long) + top - 1])
+        limit = tree_positions(self.model)
+        if limit is not None and int(pos.max()) >= limit:
+            raise ValueError(f"a tree call reaching position {int(pos.max())} on a model with a "
+                             f"{limit}-token sliding window: tree attention is exact only "
+                             "inside the window; verify shorter texts or as a batch of rows")
         mask = ancestor_mask(n0 if base is None else base, f, list(parent),
                              next(self.model.parameters()).dtype, links)
         ids = torch.tensor([list(feed) + list(tokens)], dtype=torch.long)
@@ -352,8 +357,18 @@ def prefill(lm: CachedLM, prompt: list[int], *, reuse: bool = False) -> None:
         lm.forward(torch.tensor([rest]), last_only=True)
 
 
-TREE_MODEL_TYPES = ("llama",)
+TREE_MODEL_TYPES = ("llama", "gemma3_text")
 TREE_ATTENTION = ("sdpa", "eager", GROUPED_SDPA)
+
+
+def tree_positions(model) -> int | None:
+    """How many positions a tree call may reach on ``model``: its sliding window where some
+    layer attends through one (Gemma 3: the one mask of a tree call serves every layer, so
+    it is exact only while every key lies inside the window), else ``None`` (no limit)."""
+    cfg = getattr(model, "config", None)
+    window = getattr(cfg, "sliding_window", None)
+    sliding = any("sliding" in str(t) for t in getattr(cfg, "layer_types", None) or ())
+    return int(window) if window and sliding else None
 
 
 def supports_tree(model) -> bool:
@@ -361,7 +376,8 @@ def supports_tree(model) -> bool:
 
     Tree attention needs a model that takes a custom 4D additive mask and explicit
     ``position_ids`` unchanged; in transformers 5 the Llama family does (SmolLM2 is a Llama),
-    with the sdpa or eager attention (or ``models.GROUPED_SDPA``, sdpa with grouped KV heads on a
+    and Gemma 3 text models do within their sliding window (:func:`tree_positions`), with the
+    sdpa or eager attention (or ``models.GROUPED_SDPA``, sdpa with grouped KV heads on a
     CPU). Other models verify k branches as a batch of k rows.
     """
     cfg = getattr(model, "config", None)
