@@ -14,7 +14,9 @@ Strategies (``hypothesis`` is needed; it ships with the ``dev`` extra)
 Assertions
 ----------
 :func:`assert_lossless` runs :func:`coupling.conformance.check_verifier` and raises
-``AssertionError`` with the report's table when it finds a loss;
+``AssertionError`` with the report's table and the smallest failing case when it finds a
+loss; :func:`assert_generation_lossless` does the same for a whole generation loop that
+drafts by itself (:func:`coupling.conformance.check_generation`);
 :func:`assert_sampler_matches_law` checks that a verifier's sampler draws from the law its
 ``law`` method states (the exact mode trusts ``law``)::
 
@@ -40,6 +42,7 @@ from .conformance import ConformanceReport, check_verifier
 from .conformance.stats import likelihood_ratio
 
 __all__ = [
+    "assert_generation_lossless",
     "distributions",
     "pairs",
     "model_pairs",
@@ -118,11 +121,35 @@ def assert_lossless(verify, **kwargs) -> ConformanceReport:
 
     ``kwargs`` go to the check (``gamma``, ``k``, ``replacement``, ``draws``, ``seed``,
     ``alpha``, ``exact``, ...). Returns the report when it passes; raises
-    ``AssertionError`` carrying the report's table when it does not.
+    ``AssertionError`` carrying the report's table and the smallest failing case
+    (:func:`coupling.conformance.minimal_counterexample`, with a script that reproduces it)
+    when it does not.
     """
+    from .conformance import minimal_counterexample
+
     report = check_verifier(verify, **kwargs)
     if not report.ok:
-        raise AssertionError(f"verifier is not lossless:\n{report.table()}")
+        found = None
+        if "pairs" not in kwargs:            # the search runs on the checker's own pairs
+            keys = ("vocab_size", "gamma", "k", "replacement", "seed", "alpha", "exact",
+                    "draws")
+            found = minimal_counterexample(verify, **{k: kwargs[k] for k in keys
+                                                      if k in kwargs})
+        raise AssertionError(f"verifier is not lossless:\n{report.table()}"
+                             + (f"\n\n{found}" if found is not None else ""))
+    return report
+
+
+def assert_generation_lossless(generate, **kwargs) -> ConformanceReport:
+    """Assert that a whole generation loop passes :func:`coupling.conformance.
+    check_generation` (loop mode: ``generate(target, draft, context, max_new_tokens, rng)``
+    drafts by itself; ``kwargs``: ``processing``, ``length``, ``draws``, ...). Returns the
+    report; raises ``AssertionError`` with its table when it finds a loss."""
+    from .conformance import check_generation
+
+    report = check_generation(generate, **kwargs)
+    if not report.ok:
+        raise AssertionError(f"generation loop is not lossless:\n{report.table()}")
     return report
 
 

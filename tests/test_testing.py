@@ -64,8 +64,20 @@ def test_model_pairs_are_language_models(pair):
 def test_assert_lossless_passes_and_fails():
     report = assert_lossless(from_rule("token"), exact=True)
     assert report.ok
-    with pytest.raises(AssertionError, match="q-zeros"):
+    with pytest.raises(AssertionError, match="q-zeros") as info:
         assert_lossless(HF_RAW_Q, exact=True)
+    assert "smallest failing case: V=2, gamma=1" in str(info.value)
+    assert "reproduce:" in str(info.value)
+
+
+def test_assert_generation_lossless_passes_and_fails():
+    from coupling.conformance.generation import speculative_generate
+    from coupling.testing import assert_generation_lossless
+    from tests.test_conformance_generation import bonus_from_draft
+
+    assert assert_generation_lossless(speculative_generate, draws=2000).ok
+    with pytest.raises(AssertionError, match="generation loop is not lossless"):
+        assert_generation_lossless(bonus_from_draft, draws=2000)
 
 
 def test_assert_sampler_matches_law_catches_a_false_law():
