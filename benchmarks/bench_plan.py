@@ -119,6 +119,71 @@ def ratio_interval(a: np.ndarray, b: np.ndarray, reps: int = 2000, seed: int = 0
     return speed(a, full) / speed(b, full), *np.quantile(boot, [0.025, 0.975])
 
 
+def print_grid(cost, rows, got, held_out, inside) -> tuple[list, list]:
+    """The table of predicted against measured, per configuration; returns the absolute
+    errors of tokens/s (every row) and of the speed-up over plain sampling (speculative
+    rows)."""
+    from coupling.sequence.traces import tokens_per_call
+
+    # a run pays its prompt's prefill (a target call of the prompt, a draft call) before its
+    # first step: the predicted seconds of the measured runs hold it, at the profiled costs
+    prefill = sum(cost.call(len(p) - 1) for p in held_out)
+    draft_prefill = sum(cost.draft(len(p) - 1) for p in held_out)
+    print(f"\n{'configuration':<38}{'rule':<10}{'tree':<18}{'pred tok/call':>15}"
+          f"{'same':>7}{'meas':>7}{'pred ms/call':>13}{'meas':>7}{'pred tok/s':>11}{'meas':>7}"
+          f"{'error':>8}{'of x plain':>11}")
+    errors, rel_errors, base = [], [], None
+    table = [("plain", None, 1e3 / cost.plain())] + [(lab, r, r.tokens_per_s) for lab, r in rows]
+    for label, row, steady in table:
+        m = got[label]
+        speed = m[:, 0].sum() / m[:, 1].sum()
+        extra = prefill + (0 if row is None else draft_prefill)
+        pred = m[:, 0].sum() / (extra / 1e3 + m[:, 0].sum() / steady)
+        err = speed / pred - 1
+        base = base or (speed, pred)              # plain sampling, the table's first row
+        rel = (speed / base[0]) / (pred / base[1]) - 1
+        errors.append(abs(err))
+        if row is not None:
+            rel_errors.append(abs(rel))
+        e = row.tokens_per_call if row is not None else None
+        step = cost.plain() if row is None else cost.step(row.tree, row.rule)
+        same = 1.0 if row is None else tokens_per_call(
+            inside[1 if row.tree.size == row.tree.depth and row.rule == "token" else 3],
+            row.rule, row.tree).mean
+        print(f"{label:<38}{row.rule if row else '':<10}{shape(row.tree) if row else '':<18}"
+              + (f"{e.mean:8.3f} ±{(e.high - e.low) / 2:.3f}" if e else f"{1:15.3f}")
+              + f"{same:7.3f}{m[:, 0].sum() / m[:, 2].sum():7.3f}{step:13.1f}"
+              f"{1e3 * m[:, 1].sum() / m[:, 2].sum():7.1f}{pred:11.1f}{speed:7.1f}"
+              f"{100 * err:+7.1f}%" + (f"{100 * rel:+10.1f}%" if row is not None else ""))
+    m = got[HF_DEFAULT]
+    print(f"{HF_DEFAULT + ' (transformers)':<38}{'token':<10}{'chain 20, gated':<18}{'':>22}"
+          f"{m[:, 0].sum() / m[:, 2].sum():7.3f}{'':>13}"
+          f"{1e3 * m[:, 1].sum() / m[:, 2].sum():7.1f}{'':>11}"
+          f"{m[:, 0].sum() / m[:, 1].sum():7.1f}")
+    return errors, rel_errors
+
+
+def print_verdict(got, errors, *, recommended: bool) -> None:
+    """The errors' median and largest, and the plan's choice against the best measured,
+    Sequoia's choice, the defaults and plain sampling."""
+    errors, rel_errors = errors
+    speeds = {n: m[:, 0].sum() / m[:, 1].sum() for n, m in got.items()}
+    print(f"prediction error of tokens/s: median {100 * np.median(errors):.1f}%, largest "
+          f"{100 * max(errors):.1f}% over {len(errors)} configurations; of the speed-up over "
+          f"plain sampling (where the machine's drift between the profile and the runs "
+          f"cancels): median {100 * np.median(rel_errors):.1f}%, largest "
+          f"{100 * max(rel_errors):.1f}%")
+    best = max(speeds, key=speeds.get)
+    top = next(n for n in got if n.startswith("recommended")) if recommended else "plain"
+    print(f"measured best: {best} ({speeds[best]:.1f} tok/s); the plan's choice ({top}) runs "
+          f"{100 * (speeds[top] / speeds[best] - 1):+.1f}% against it")
+    for other in [n for n in got if n != top and any(
+            w in n for w in ("sequoia", "default", "plain"))]:
+        r, lo, hi = ratio_interval(got[top], got[other])
+        print(f"{top} / {other}: {r:.3f} [{lo:.3f}, {hi:.3f}] (tokens/s ratio, 95% bootstrap "
+              "over prompts)")
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
 
@@ -126,7 +191,6 @@ def main(argv: list[str] | None = None) -> int:
     from coupling.llm.record import profile, record
     from coupling.llm.sampling import SamplingConfig
     from coupling.planner import Cost, plan, sequoia_choice
-    from coupling.sequence.traces import tokens_per_call
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--pair", choices=("smollm2", "gemma"), default="smollm2")
@@ -169,60 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     got = measure(target, drafter, held_out, rows, cfg=cfg, tokens=args.tokens, eos=eos)
     after = profile(target, drafter, recorded[0], sizes=[1], repeats=9, context=context,
                     rules=())
-    # a run pays its prompt's prefill (a target call of the prompt, a draft call) before its
-    # first step: the predicted seconds of the measured runs hold it, at the profiled costs
-    prefill = sum(cost.call(len(p) - 1) for p in held_out)
-    draft_prefill = sum(cost.draft(len(p) - 1) for p in held_out)
-    print(f"\n{'configuration':<38}{'rule':<10}{'tree':<18}{'pred tok/call':>15}"
-          f"{'same':>7}{'meas':>7}{'pred ms/call':>13}{'meas':>7}{'pred tok/s':>11}{'meas':>7}"
-          f"{'error':>8}{'of x plain':>11}")
-    errors, rel_errors, base = [], [], None
-    table = [("plain", None, 1e3 / cost.plain())] + [(lab, r, r.tokens_per_s) for lab, r in rows]
-    for label, row, steady in table:
-        m = got[label]
-        speed = m[:, 0].sum() / m[:, 1].sum()
-        extra = prefill + (0 if row is None else draft_prefill)
-        pred = m[:, 0].sum() / (extra / 1e3 + m[:, 0].sum() / steady)
-        err = speed / pred - 1
-        base = base or (speed, pred)              # plain sampling, the table's first row
-        rel = (speed / base[0]) / (pred / base[1]) - 1
-        errors.append(abs(err))
-        if row is not None:
-            rel_errors.append(abs(rel))
-        e = row.tokens_per_call if row is not None else None
-        step = cost.plain() if row is None else cost.step(row.tree, row.rule)
-        same = 1.0 if row is None else tokens_per_call(
-            inside[1 if row.tree.size == row.tree.depth and row.rule == "token" else 3],
-            row.rule, row.tree).mean
-        print(f"{label:<38}{row.rule if row else '':<10}{shape(row.tree) if row else '':<18}"
-              + (f"{e.mean:8.3f} ±{(e.high - e.low) / 2:.3f}" if e else f"{1:15.3f}")
-              + f"{same:7.3f}{m[:, 0].sum() / m[:, 2].sum():7.3f}{step:13.1f}"
-              f"{1e3 * m[:, 1].sum() / m[:, 2].sum():7.1f}{pred:11.1f}{speed:7.1f}"
-              f"{100 * err:+7.1f}%" + (f"{100 * rel:+10.1f}%" if row is not None else ""))
-    m = got[HF_DEFAULT]
-    print(f"{HF_DEFAULT + ' (transformers)':<38}{'token':<10}{'chain 20, gated':<18}{'':>22}"
-          f"{m[:, 0].sum() / m[:, 2].sum():7.3f}{'':>13}"
-          f"{1e3 * m[:, 1].sum() / m[:, 2].sum():7.1f}{'':>11}"
-          f"{m[:, 0].sum() / m[:, 1].sum():7.1f}")
-    speeds = {n: m[:, 0].sum() / m[:, 1].sum() for n, m in got.items()}
+    errors = print_grid(cost, rows, got, held_out, inside)
     print(f"\nthe target's decoding call: {cost.call(1):.1f} ms in the profile before the runs, "
           f"{after['target_ms']['1']:.1f} ms after them")
-    print(f"prediction error of tokens/s: median {100 * np.median(errors):.1f}%, largest "
-          f"{100 * max(errors):.1f}% over {len(errors)} configurations; of the speed-up over "
-          f"plain sampling (where the machine's drift between the profile and the runs "
-          f"cancels): median {100 * np.median(rel_errors):.1f}%, largest "
-          f"{100 * max(rel_errors):.1f}%")
-    best = max(speeds, key=speeds.get)
-    top = next(n for n in got if n.startswith("recommended")) \
-        if tree_plan.recommended is not None else "plain"
-    print(f"measured best: {best} ({speeds[best]:.1f} tok/s); the plan's choice ({top}) runs "
-          f"{100 * (speeds[top] / speeds[best] - 1):+.1f}% against it")
-    for other in [n for n in got if n != top and any(
-            w in n for w in ("sequoia", "default", "plain"))]:
-        if other != top:
-            r, lo, hi = ratio_interval(got[top], got[other])
-            print(f"{top} / {other}: {r:.3f} [{lo:.3f}, {hi:.3f}] (tokens/s ratio, 95% "
-                  "bootstrap over prompts)")
+    print_verdict(got, errors, recommended=tree_plan.recommended is not None)
     return 0
 
 
