@@ -40,7 +40,8 @@ case, with the strings that are off and a script that reproduces it.
 Loop mode, :func:`check_generation` (:mod:`.generation`): the code under test drafts by
 itself (a whole speculative generation loop, handed the two models as logits and a
 generator), optionally with the engine's own logit processing, and the law of what it
-generates is tested against the (processed) target's.
+generates is tested against the (processed) target's. :func:`check_tree_verifier`
+(:mod:`.trees`) runs a verifier of a static draft tree of any shape through that loop.
 """
 
 from .adapters import from_torch, hf_speculative_sampling, torch_rule
@@ -51,12 +52,15 @@ from .minimal import Counterexample, minimal_counterexample
 from .museum import Exhibit, known_bugs
 from .pairs import PAIR_NAMES, Pair, model_pairs
 from .probes import ProbeReport, probe_boundaries
+from .trees import check_tree_verifier, from_tree_rule
 from .verifiers import chain_law, from_rule
 
 __all__ = [
     "check_verifier",
     "check_generation",
     "GenerationRaised",
+    "check_tree_verifier",
+    "from_tree_rule",
     "minimal_counterexample",
     "Counterexample",
     "ConformanceReport",
