@@ -43,7 +43,7 @@ from .pairs import Pair, as_pairs, model_pairs
 from .stats import detectable_tv, likelihood_ratio, noise_tv, tv_interval
 
 __all__ = ["check_generation", "GenerationRaised", "speculative_generate", "logits_of",
-           "processed"]
+           "law_of", "processed"]
 
 
 class GenerationRaised(RuntimeError):
@@ -66,6 +66,13 @@ def logits_of(lm: Callable) -> Callable:
     return logits
 
 
+def law_of(logits: np.ndarray) -> np.ndarray:
+    """The law a vector of logits gives (softmax; ``-inf`` entries get probability 0)."""
+    z = np.asarray(logits, dtype=np.float64)
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
 def processed(lm: Callable, processing: Callable) -> Callable:
     """The law of ``lm`` after ``processing`` of its logits (softmax of the result)."""
     logits = logits_of(lm)
@@ -76,8 +83,7 @@ def processed(lm: Callable, processing: Callable) -> Callable:
         if z.shape != raw.shape or np.isnan(z).any() or not np.isfinite(z).any():
             raise ValueError(f"processing must map logits [V] to logits [V] with a finite "
                              f"entry, got {z!r}")
-        e = np.exp(z - z.max())
-        return e / e.sum()
+        return law_of(z)
 
     return law
 
@@ -87,9 +93,7 @@ def speculative_generate(target, draft, context, max_new_tokens, rng, gamma: int
     token verification with fresh uniforms, resample the first rejection from the residual
     or sample the bonus token from the target; repeat."""
     def law(model, ctx):
-        z = model(ctx)
-        e = np.exp(z - z.max())
-        return e / e.sum()
+        return law_of(model(ctx))
 
     out = list(context)
     while len(out) - len(context) < max_new_tokens:

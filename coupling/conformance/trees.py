@@ -30,14 +30,9 @@ from ..rules import get_rule
 from ..rules.topology import check_tree_rule, walk_topology
 from ..tree import Tree
 from .check import ConformanceReport
-from .generation import check_generation
+from .generation import check_generation, law_of
 
 __all__ = ["check_tree_verifier", "from_tree_rule", "tree_generation", "fill_tree"]
-
-
-def _law(logits: np.ndarray) -> np.ndarray:
-    e = np.exp(logits - logits.max())
-    return e / e.sum()
 
 
 def fill_tree(draft: Callable, tree: Tree, context: tuple, rng: np.random.Generator
@@ -77,7 +72,7 @@ def tree_generation(verify: Callable, tree: Tree) -> Callable:
         raise TypeError(f"tree must be a coupling.Tree, got {type(tree).__name__}")
 
     def generate(target, draft, context, max_new_tokens, rng):
-        tlaw, dlaw = (lambda c: _law(target(c))), (lambda c: _law(draft(c)))
+        tlaw, dlaw = (lambda c: law_of(target(c))), (lambda c: law_of(draft(c)))
         out = list(context)
         while len(out) - len(context) < max_new_tokens:
             ctx = tuple(out)
