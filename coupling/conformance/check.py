@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -22,7 +22,7 @@ from .stats import (
 )
 
 __all__ = ["PairResult", "ConformanceReport", "VerifierRaised", "check_verifier", "DRAWS",
-           "MAX_STRINGS"]
+           "MAX_STRINGS", "looks", "sequential_test", "build_report"]
 
 
 class VerifierRaised(RuntimeError):
@@ -188,35 +188,49 @@ def looks(draws: int, batch: int = 256) -> list[int]:
     return [n for n in early if n < draws] + [draws]
 
 
-def _statistical(verify, pair: Pair, P: np.ndarray, *, draws: int, length: int, gamma: int,
-                 k: int, replacement: bool, level: float, rng: np.random.Generator,
-                 progress) -> PairResult:
+def sequential_test(sample: Callable[[int, int], np.ndarray], pair: Pair, P: np.ndarray, *,
+                    draws: int, length: int, level: float) -> PairResult:
     """A pair's test, read at :func:`looks`: half of ``level`` goes to the last look, the other
     half is split evenly over the earlier ones, where a FAIL stops the loops. The reported
     p-value is the smallest ``p / share`` over the looks (a union bound: its false-positive
-    rate stays ``level``)."""
-    target, draft = Laws(pair.target, "target"), Laws(pair.draft, "draft")
-    V = target(()).size
+    rate stays ``level``). ``sample(n, done)`` runs ``n`` more loops (``done`` so far) and
+    returns the counts of their first ``length`` tokens in two halves ``[2, V**length]``;
+    the result's ``tokens_per_call`` is left ``None``."""
     at = looks(draws)
     shares = [0.5 / (len(at) - 1)] * (len(at) - 1) + [0.5] if len(at) > 1 else [1.0]
-    step = _stepper(verify, pair.name)
-    halves = np.zeros((2, V**length), dtype=np.int64)
-    calls = emitted = done = 0
-    adjusted = 1.0
+    halves = np.zeros((2, P.size), dtype=np.int64)
+    done, adjusted = 0, 1.0
     for n, share in zip(at, shares, strict=True):
-        part, c, e = sample_counts(step, target, draft, n=n - done, length=length, gamma=gamma,
-                                   k=k, replacement=replacement, rng=rng, progress=progress)
-        halves, calls, emitted, done = halves + part, calls + c, emitted + e, n
+        halves, done = halves + sample(n - done, done), n
         test = likelihood_ratio(halves.sum(axis=0), P)
         adjusted = min(adjusted, test.p_value / share)
         if adjusted < level:                  # overwhelming evidence of loss: stop here
             break
-    counts = halves.sum(axis=0)
     tv, lo, hi = tv_interval(halves, P)
+    V = round(P.size ** (1 / length))
     return PairResult(pair.name, pair.description, done, test.statistic, test.dof,
                       min(1.0, adjusted), tv, lo, hi,
-                      detectable_tv(draws, test.dof, level * shares[-1]), emitted / calls,
-                      _worst(counts / done, P, V, length), noise_tv(P, done))
+                      detectable_tv(draws, test.dof, level * shares[-1]), None,
+                      _worst(halves.sum(axis=0) / done, P, V, length), noise_tv(P, done))
+
+
+def _statistical(verify, pair: Pair, P: np.ndarray, *, draws: int, length: int, gamma: int,
+                 k: int, replacement: bool, level: float, rng: np.random.Generator,
+                 progress) -> PairResult:
+    """A pair's :func:`sequential_test` on loops around ``verify``, with its tokens per
+    verification call."""
+    target, draft = Laws(pair.target, "target"), Laws(pair.draft, "draft")
+    step = _stepper(verify, pair.name)
+    totals = [0, 0]                           # verification calls, emitted tokens
+
+    def sample(n: int, done: int) -> np.ndarray:
+        part, c, e = sample_counts(step, target, draft, n=n, length=length, gamma=gamma,
+                                   k=k, replacement=replacement, rng=rng, progress=progress)
+        totals[0], totals[1] = totals[0] + c, totals[1] + e
+        return part
+
+    result = sequential_test(sample, pair, P, draws=draws, length=length, level=level)
+    return replace(result, tokens_per_call=totals[1] / totals[0])
 
 
 def _exact(law, pair: Pair, P: np.ndarray, *, length: int, gamma: int, k: int,
@@ -301,7 +315,7 @@ def check_verifier(
             progress=tick if progress else None, **kw))
         if not exact and results[-1].p_value * m < alpha:
             break                             # the verdict is FAIL whatever the other pairs
-    return _report(verify, tuple(results), exact=exact, alpha=float(alpha), draws=draws,
+    return build_report(verify, tuple(results), exact=exact, alpha=float(alpha), draws=draws,
                    settings=dict(vocab_size=V, gamma=gamma, k=k, replacement=bool(replacement),
                                  length=length, seed=int(seed)),
                    seconds=time.perf_counter() - t0, pairs=m)
@@ -319,9 +333,11 @@ def _check_settings(verify, replacement, alpha, exact: bool) -> None:
         raise TypeError(f"verify must be callable, got {type(verify).__name__}")
 
 
-def _report(verify, results: tuple[PairResult, ...], *, exact: bool, alpha: float,
-            draws: int, settings: dict, seconds: float, pairs: int,
-            mode: str | None = None) -> ConformanceReport:
+def build_report(verify, results: tuple[PairResult, ...], *, exact: bool, alpha: float,
+                 draws: int, settings: dict, seconds: float, pairs: int,
+                 mode: str | None = None) -> ConformanceReport:
+    """The report of a check (:func:`check_verifier`, loop mode) from its pairs' results:
+    the verdict (Bonferroni over all ``pairs``), the worst pair and the test's description."""
     m = pairs                                 # Bonferroni over every pair, run or not
     worst = max(results, key=lambda r: r.tv)
     if exact:

@@ -38,9 +38,8 @@ import numpy as np
 
 from .. import target_law
 from ..dist import validate_count
-from .check import MAX_STRINGS, ConformanceReport, PairResult, _report, _worst, looks
+from .check import MAX_STRINGS, ConformanceReport, PairResult, build_report, sequential_test
 from .pairs import Pair, as_pairs, model_pairs
-from .stats import detectable_tv, likelihood_ratio, noise_tv, tv_interval
 
 __all__ = ["check_generation", "GenerationRaised", "speculative_generate", "logits_of",
            "law_of", "processed"]
@@ -167,7 +166,7 @@ def check_generation(generate: Callable, *, vocab_size: int = 3, length: int = 4
                              level=alpha / m, rng=rng))
         if results[-1].p_value * m < alpha:
             break                               # FAIL whatever the other pairs say
-    return _report(generate, tuple(results), exact=False, alpha=float(alpha), draws=draws,
+    return build_report(generate, tuple(results), exact=False, alpha=float(alpha), draws=draws,
                    settings=dict(vocab_size=V, gamma=0, k=0, replacement=True, length=length,
                                  seed=int(seed)),
                    seconds=time.perf_counter() - t0, pairs=m, mode="loop")
@@ -175,23 +174,15 @@ def check_generation(generate: Callable, *, vocab_size: int = 3, length: int = 4
 
 def _pair(generate, pair: Pair, P: np.ndarray, *, draws: int, length: int, V: int,
           level: float, rng: np.random.Generator) -> PairResult:
-    """One pair, read at :func:`looks` as :func:`check_verifier` reads it."""
+    """One pair's :func:`~coupling.conformance.check.sequential_test` on loops of
+    ``generate``."""
     tlogits, dlogits = logits_of(pair.target), logits_of(pair.draft)
-    at = looks(draws)
-    shares = [0.5 / (len(at) - 1)] * (len(at) - 1) + [0.5] if len(at) > 1 else [1.0]
-    halves = np.zeros((2, V**length), dtype=np.int64)
-    done, adjusted = 0, 1.0
-    for n, share in zip(at, shares, strict=True):
-        idx = _strings(generate, pair, tlogits, dlogits, n=n - done, first=done,
-                       length=length, V=V, rng=rng)
-        np.add.at(halves, ((done + np.arange(idx.size)) // 256 % 2, idx), 1)
-        done = n
-        test = likelihood_ratio(halves.sum(axis=0), P)
-        adjusted = min(adjusted, test.p_value / share)
-        if adjusted < level:
-            break
-    tv, lo, hi = tv_interval(halves, P)
-    return PairResult(pair.name, pair.description, done, test.statistic, test.dof,
-                      min(1.0, adjusted), tv, lo, hi,
-                      detectable_tv(draws, test.dof, level * shares[-1]), None,
-                      _worst(halves.sum(axis=0) / done, P, V, length), noise_tv(P, done))
+
+    def sample(n: int, done: int) -> np.ndarray:
+        idx = _strings(generate, pair, tlogits, dlogits, n=n, first=done, length=length, V=V,
+                       rng=rng)
+        part = np.zeros((2, V**length), dtype=np.int64)
+        np.add.at(part, ((done + np.arange(n)) // 256 % 2, idx), 1)   # halves by batch
+        return part
+
+    return sequential_test(sample, pair, P, draws=draws, length=length, level=level)
