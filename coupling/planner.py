@@ -69,6 +69,8 @@ class Cost:
     plain_overhead_ms: float = 0.0
     #: per batch size ``B``: the target's and the draft's call tables on ``B`` rows
     batches: tuple[tuple[int, Points, Points], ...] = ()
+    #: the pair the table was measured on (``coupling profile``'s ``models``), as items
+    models: tuple[tuple[str, str], ...] = ()
 
     def at_batch(self, rows: int) -> Cost:
         """The costs per request when ``rows`` requests share every call: the calls' tables
@@ -81,7 +83,8 @@ class Cost:
             raise ValueError(f"--batch {rows}: the cost table holds batch sizes "
                              f"{sorted(tables) or 'none'}; profile with --batches {rows}")
         over = tuple((r, tuple((n, rows * ms) for n, ms in pts)) for r, pts in self.overhead_ms)
-        return Cost(tables[rows][0], tables[rows][1], over, rows * self.plain_overhead_ms)
+        return Cost(tables[rows][0], tables[rows][1], over, rows * self.plain_overhead_ms,
+                    models=self.models)
 
     @classmethod
     def load(cls, path: str) -> Cost:
@@ -108,7 +111,9 @@ class Cost:
                        float(data.get("plain_overhead_ms", 0.0)),
                        tuple((int(B), _points(t, "target_ms_batch"),
                               _points(data["draft_ms_batch"][B], "draft_ms_batch"))
-                             for B, t in batched.items()))
+                             for B, t in batched.items()),
+                       tuple(sorted((str(k), str(v))
+                                    for k, v in data.get("models", {}).items())))
         except (KeyError, TypeError, AttributeError):
             raise ValueError("not a cost table (coupling profile writes one)") from None
 
@@ -280,12 +285,10 @@ def sequoia_choice(traces: TreeTraces, cost: Cost, rule: str = "rrs") -> Row:
     return Row(rule, tree, est, 1e3 * est.mean / cost.step(tree, rule), "sequoia")
 
 
-def _same_pair(traces: TreeTraces, cost_path: str) -> None:
+def _same_pair(traces: TreeTraces, cost: Cost, cost_path: str) -> None:
     """Refuse costs measured on another pair than the traces' (where both name theirs)."""
-    with open(cost_path) as f:
-        data = json.load(f)
-    theirs = data.get("models") if isinstance(data, dict) else None
-    ours = traces.header.get("models")
+    theirs = dict(cost.models)
+    ours = {str(k): str(v) for k, v in (traces.header.get("models") or {}).items()}
     if theirs and ours and theirs != ours:
         raise ValueError(f"{cost_path} measures {theirs}, the traces record {ours}: profile "
                          "the pair you recorded")
@@ -309,11 +312,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         traces = TreeTraces.load(args.traces)
-        if args.cost:
-            _same_pair(traces, args.cost)
         cost = (Cost.load(args.cost) if args.cost else
                 Cost.parse(args.target_ms, args.draft_ms, args.overhead_ms) if args.target_ms
                 else None)
+        if args.cost:
+            _same_pair(traces, cost, args.cost)
         if args.batch != 1:
             if cost is None:
                 raise ValueError("--batch needs --cost (a table with that batch size)")

@@ -284,3 +284,17 @@ def test_the_plan_plots_speed_against_tree_size():
     assert ax.get_ylabel() == "predicted tokens/s"
     assert lines["plain sampling"].get_ydata()[0] == pytest.approx(1e3 / 40)
     assert plan(traces, ["rrs"]).plot().get_ylabel() == "tokens per target call"
+
+
+def test_plan_refuses_costs_of_another_pair(tmp_path, capsys):
+    from coupling.planner import main
+
+    t, d = pair(3, 3)
+    traces = from_models(t, d, 2, 1, [(0, 1)], np.random.default_rng(1), calls_per_context=2)
+    traces.header["models"] = {"target": "T", "draft": "D"}
+    traces.save(tmp_path / "t.npz")
+    cost = {"target_ms": {"1": 40.0, "3": 41.0}, "draft_ms": {"1": 1.0}}
+    for models, code in (({"target": "T", "draft": "D"}, 0), ({"target": "T", "draft": "E"}, 2)):
+        (tmp_path / "c.json").write_text(json.dumps({**cost, "models": models}))
+        assert main([str(tmp_path / "t.npz"), "--cost", str(tmp_path / "c.json")]) == code
+    assert "profile the pair you recorded" in capsys.readouterr().err
