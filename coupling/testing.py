@@ -132,7 +132,7 @@ def assert_lossless(verify, **kwargs) -> ConformanceReport:
         found = None
         if "pairs" not in kwargs:            # the search runs on the checker's own pairs
             keys = ("vocab_size", "gamma", "k", "replacement", "seed", "alpha", "exact",
-                    "draws")
+                    "draws", "id_space")
             found = minimal_counterexample(verify, **{k: kwargs[k] for k in keys
                                                       if k in kwargs})
         raise AssertionError(f"verifier is not lossless:\n{report.table()}"

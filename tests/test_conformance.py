@@ -72,7 +72,7 @@ EXACT = [("token", 1, True), ("kseq", 1, True), ("kseq", 2, True), ("rrs", 2, Tr
 @pytest.mark.parametrize("rule,k,replacement", EXACT)
 def test_every_rule_is_exactly_lossless_along_trees(rule, k, replacement):
     report = check_verifier(from_rule(rule, replacement=replacement), k=k,
-                            replacement=replacement, exact=True)
+                            replacement=replacement, exact=True, gamma=2)
     assert report.ok, report.table()
     assert report.tv < 1e-12 and report.mode == "exact" and report.p_value is None
 
@@ -80,7 +80,7 @@ def test_every_rule_is_exactly_lossless_along_trees(rule, k, replacement):
 def test_exact_law_of_token_matches_the_package_stream_law():
     pair = model_pairs(3, seed=2)[0]
     law = exact_law(from_rule("token").law, Laws(pair.target, "t"), Laws(pair.draft, "d"),
-                    length=3, gamma=2, k=1, replacement=True)
+                    length=3, gammas=(2,), k=1, replacement=True)
     assert np.abs(law - stream_law("token", pair.target, pair.draft, 2, 3)).max() < 1e-14
 
 
@@ -100,8 +100,8 @@ def test_rule_walk_samples_its_exact_law():
 
 # ------------------------------------------------------------------------------ statistical
 def test_check_is_reproducible_and_reports_what_it_ran():
-    a = check_verifier(from_rule("token"), draws=500, seed=3)
-    b = check_verifier(from_rule("token"), draws=500, seed=3)
+    a = check_verifier(from_rule("token"), draws=500, seed=3, gamma=2)
+    b = check_verifier(from_rule("token"), draws=500, seed=3, gamma=2)
     assert a.pairs == b.pairs and a.p_value == b.p_value
     assert [r.name for r in a.pairs] == list(PAIR_NAMES)
     assert a.length == 4 and a.draws == 500 and a.mode == "statistical"
@@ -143,8 +143,8 @@ def test_own_pairs_and_a_context_free_blind_spot():
                                       rng)
 
     flat = [("constant", TabularLM.constant([0.5, 0.3, 0.2]), TabularLM.constant([0.2, 0.3, 0.5]))]
-    assert check_verifier(StaleBonus(), exact=True, pairs=flat).ok
-    report = check_verifier(StaleBonus(), exact=True)
+    assert check_verifier(StaleBonus(), exact=True, pairs=flat, gamma=2).ok
+    report = check_verifier(StaleBonus(), exact=True, gamma=2)
     assert not report.ok and report.tv > 0.01
 
 
@@ -160,7 +160,7 @@ def test_protocol_violations_are_errors():
 
     for bad in (emits_undrafted, too_long, floats):
         with pytest.raises(ValueError, match="verify"):
-            check_verifier(bad, draws=10)
+            check_verifier(bad, draws=10, gamma=2, id_space=None)
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -170,24 +170,25 @@ def test_protocol_violations_are_errors():
 ])
 def test_bad_arguments_name_the_argument(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        check_verifier(from_rule("token"), **kwargs)
+        check_verifier(from_rule("token"), **{"gamma": 2, **kwargs})
 
 
 def test_exact_mode_needs_a_law():
     with pytest.raises(TypeError, match="law"):
-        check_verifier(lambda d, p, q, rng: d[0, :1], exact=True)
+        check_verifier(lambda d, p, q, rng: d[0, :1], exact=True, gamma=2)
 
 
 def test_progress_is_reported():
     seen = []
-    check_verifier(from_rule("token"), draws=300, progress=lambda d, t: seen.append((d, t)))
+    check_verifier(from_rule("token"), draws=300, gamma=2,
+                   progress=lambda d, t: seen.append((d, t)))
     assert seen[-1] == (1800, 1800)
 
 
 # ------------------------------------------------------------------------------ torch
 @pytest.mark.parametrize("rule,k", [("token", 1), ("block", 1), ("rrs", 2), ("kseq", 2)])
 def test_package_torch_twins_pass_through_the_adapter(rule, k):
-    report = check_verifier(torch_rule(rule), k=k, draws=3000, seed=7)
+    report = check_verifier(torch_rule(rule), k=k, draws=3000, seed=7, gamma=2)
     assert report.ok, report.table()
 
 
@@ -199,7 +200,7 @@ def test_torch_adapter_catches_a_broken_batched_verifier():
         bonus = torch.multinomial(p[:, 0, g], 1, generator=generator).squeeze(1)
         return (torch.full((B,), g), torch.zeros(B, dtype=torch.int64), bonus)
 
-    report = check_verifier(from_torch(accept_everything), draws=1000)
+    report = check_verifier(from_torch(accept_everything), draws=1000, gamma=2)
     assert not report.ok
 
 
@@ -213,7 +214,7 @@ def test_torch_adapter_validates_its_output():
     from coupling.conformance import VerifierRaised
 
     with pytest.raises(VerifierRaised, match="next_token must be an integer tensor") as err:
-        check_verifier(from_torch(bad), draws=10)
+        check_verifier(from_torch(bad), draws=10, gamma=2)
     assert isinstance(err.value.__cause__, ValueError)   # its output was malformed: a failure
 
 
@@ -222,18 +223,19 @@ def test_transformers_speculative_sampling_is_lossless():
     pytest.importorskip("transformers")
     from coupling.conformance import hf_speculative_sampling
 
-    report = check_verifier(hf_speculative_sampling(), draws=4000, seed=11)
+    report = check_verifier(hf_speculative_sampling(), draws=4000, seed=11, gamma=2)
     assert report.ok, report.table()
-    lossy = check_verifier(hf_speculative_sampling(assistant_ensemble_weight=0.9), draws=2000)
+    lossy = check_verifier(hf_speculative_sampling(assistant_ensemble_weight=0.9), draws=2000,
+                           gamma=2)
     assert not lossy.ok  # DIVERSE's ensemble verification is documented as biased
 
 
 def test_user_pairs_must_share_a_vocabulary():
     pairs = [(TabularLM.constant([0.5, 0.5]), TabularLM.constant([0.2, 0.3, 0.5]))]
     with pytest.raises(ValueError, match="vocabulary mismatch"):
-        check_verifier(from_rule("token"), pairs=pairs, draws=10)
+        check_verifier(from_rule("token"), pairs=pairs, draws=10, gamma=2)
     with pytest.raises(TypeError, match="pairs"):
-        check_verifier(from_rule("token"), pairs=[object()])
+        check_verifier(from_rule("token"), pairs=[object()], gamma=2)
 
 
 def test_rules_decide_alike_without_their_per_call_checks():

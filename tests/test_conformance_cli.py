@@ -10,10 +10,11 @@ from coupling.cli import main
 
 
 def test_exact_failure_and_pass(capsys):
-    assert main(["conformance", "coupling.conformance.bugs:HF_RAW_Q", "--exact"]) == 1
+    small = ["--exact", "--gamma", "2", "--id-space", "0"]
+    assert main(["conformance", "coupling.conformance.bugs:HF_RAW_Q", *small]) == 1
     out = capsys.readouterr().out
     assert "FAIL" in out and "q-zeros" in out
-    assert main(["conformance", "coupling.conformance.bugs:HF_RAW_Q_FIXED", "--exact"]) == 0
+    assert main(["conformance", "coupling.conformance.bugs:HF_RAW_Q_FIXED", *small]) == 0
     assert "PASS" in capsys.readouterr().out
 
 
@@ -29,6 +30,22 @@ def test_torch_flag(capsys):
     code = main(["conformance", "tests.test_conformance_cli:batched_token", "--torch",
                  "--draws", "300"])
     assert code == 0, capsys.readouterr().out
+
+
+def test_engine_flags_reach_the_adapter(capsys):
+    """--ragged, --greedy and --dtype wrap a padded engine-style verifier; a list of gammas
+    is drawn from per request; --ragged without --torch is bad input."""
+    ok = main(["conformance", "coupling.conformance.padded:padded_token_verifier", "--torch",
+               "--ragged", "--greedy", "--dtype", "bfloat16", "--gamma", "1,3",
+               "--draws", "512", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert ok == 0 and report["gamma"] == [1, 3] and report["length"] == 5
+    assert all(r["greedy_loops"] > 0 for r in report["pairs"])
+    assert main(["conformance", "coupling.conformance.padded:padded_bonus_from_last",
+                 "--torch", "--ragged", "--draws", "512", "--no-minimize"]) == 1
+    assert main(["conformance", "coupling.conformance.padded:padded_token_verifier",
+                 "--ragged"]) == 2
+    assert "--torch" in capsys.readouterr().err
 
 
 def batched_token(drafts, p, q, generator):

@@ -17,7 +17,7 @@ def test_the_smallest_case_comes_first_and_its_script_reproduces_it():
     the smallest q-zeros case; the script, run as printed, fails the same way."""
     from coupling.conformance.bugs import HF_RAW_Q
 
-    ce = minimal_counterexample(HF_RAW_Q, vocab_size=3, gamma=2, exact=True)
+    ce = minimal_counterexample(HF_RAW_Q, vocab_size=3, gamma=2, exact=True, id_space=None)
     assert (ce.vocab_size, ce.gamma, ce.pair) == (2, 1, "q-zeros")
     assert ce.pair_index == [p.name for p in model_pairs(2)].index("q-zeros")
     assert ce.report.tv > 1e-3 and len(ce.strings) == 3
@@ -41,12 +41,12 @@ def test_statistical_search_reports_counts_and_a_lossless_rule_has_none():
 
 
 def test_the_cli_prints_the_smallest_case_on_a_failure(capsys):
-    assert main(["conformance", "coupling.conformance.bugs:HF_RAW_Q", "--exact",
-                 "--json"]) == 1
+    assert main(["conformance", "coupling.conformance.bugs:HF_RAW_Q", "--exact", "--gamma",
+                 "2", "--id-space", "0", "--json"]) == 1
     out = json.loads(capsys.readouterr().out)
     assert out["counterexample"]["pair"] == "q-zeros"
     assert "load('coupling.conformance.bugs:HF_RAW_Q')" in out["counterexample"]["script"]
-    assert main(["conformance", "coupling.conformance.bugs:HF_RAW_Q", "--exact",
-                 "--no-minimize"]) == 1
+    assert main(["conformance", "coupling.conformance.bugs:HF_RAW_Q", "--exact", "--gamma",
+                 "2", "--no-minimize"]) == 1
     assert "smallest failing case" not in capsys.readouterr().out
-    assert check_verifier(from_rule("token"), exact=True).ok
+    assert check_verifier(from_rule("token"), exact=True, gamma=2).ok

@@ -29,7 +29,7 @@ def test_every_exhibit_gets_its_verdict_exactly(exhibit):
     """Exact mode flags each bug its law shows; a bug of probability 0 (SGLang's inclusive
     comparison) has the target's law and is caught by the boundary probes instead, which
     never flag a lossless exhibit."""
-    report = check_verifier(exhibit.verifier, exact=True)
+    report = check_verifier(exhibit.verifier, exact=True, gamma=2, id_space=None)
     probes = probe_boundaries(exhibit.verifier)
     if exhibit.lossy and exhibit.caught_by == "exact":
         assert not report.ok and report.tv > 1e-4, report.table()

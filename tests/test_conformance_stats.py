@@ -104,7 +104,7 @@ LOSSLESS = [
 @pytest.mark.parametrize("seed", [1, 2])
 def test_every_lossless_rule_passes(rule, k, replacement, seed):
     report = check_verifier(from_rule(rule, replacement=replacement), k=k,
-                            replacement=replacement, draws=2_000, seed=seed)
+                            replacement=replacement, draws=2_000, seed=seed, gamma=2)
     assert report.ok, report.table()
 
 
@@ -151,7 +151,7 @@ class NoResidual:
 
 
 def test_subtle_verifier_has_sequence_tv_about_one_percent():
-    report = check_verifier(Smoothed(0.02), exact=True)
+    report = check_verifier(Smoothed(0.02), exact=True, gamma=2, id_space=None)
     assert not report.ok
     assert 0.008 <= report.tv <= 0.015, report.table()
 
@@ -159,7 +159,7 @@ def test_subtle_verifier_has_sequence_tv_about_one_percent():
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_subtle_verifier_fails_at_default_draws(seed):
-    report = check_verifier(Smoothed(0.02), seed=seed)
+    report = check_verifier(Smoothed(0.02), seed=seed, gamma=2, id_space=None)
     assert not report.ok, report.table()
 
 
@@ -167,7 +167,7 @@ def test_subtle_verifier_fails_at_default_draws(seed):
 def test_broken_verifiers_fail(verify):
     """A blatantly broken verifier fails at an early reading of its first failing pair: the
     check stops there, with fewer loops than asked."""
-    report = check_verifier(verify, draws=3_000, seed=5)
+    report = check_verifier(verify, draws=3_000, seed=5, gamma=2)
     assert not report.ok, report.table()
     assert report.p_value < report.alpha
     assert sum(r.draws for r in report.pairs) < 3_000 * 6
@@ -183,8 +183,8 @@ def test_the_sequential_reading_keeps_its_false_positive_rate_and_stops_early():
 
     assert looks(20_000) == [1024, 2304, 4864, 9984, 20_000] and looks(100) == [100]
     for seed in range(3):
-        ok = check_verifier(from_rule("token"), draws=2_000, seed=seed)
+        ok = check_verifier(from_rule("token"), draws=2_000, seed=seed, gamma=2)
         assert ok.ok and all(r.draws == 2_000 for r in ok.pairs), ok.table()
-    bad = check_verifier(ArgmaxVerifier(), seed=0)
+    bad = check_verifier(ArgmaxVerifier(), seed=0, gamma=2)
     assert not bad.ok and bad.pairs[0].draws == looks(20_000)[0] and len(bad.pairs) == 1
     assert "stopped after 1 of 6 pairs" in bad.test

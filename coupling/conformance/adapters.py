@@ -81,32 +81,49 @@ class TorchVerifier:
 
     batched = True
 
-    def __init__(self, fn: Callable, *, dtype=None, device="cpu", name: str | None = None):
+    def __init__(self, fn: Callable, *, dtype=None, device="cpu", name: str | None = None,
+                 ragged: bool = False, greedy: bool = False):
         import torch
 
         self.fn = fn
-        self.dtype = torch.float64 if dtype is None else dtype
+        self.dtype = torch.float32 if dtype is None else dtype
+        if not (isinstance(self.dtype, torch.dtype) and self.dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating torch dtype (torch.float32, "
+                            f"torch.bfloat16, ...), got {dtype!r}")
         self.device = torch.device(device)
         self.name = name or getattr(fn, "__qualname__", repr(fn))
+        self.layout = "ragged" if ragged else "call"
+        self.greedy = bool(greedy)
 
     def step(self, drafts: np.ndarray, p: np.ndarray, q: np.ndarray,
-             rng: np.random.Generator) -> list[np.ndarray]:
-        """Verify ``B`` requests in one call; return each request's emitted tokens."""
+             rng: np.random.Generator, *, num_drafts: np.ndarray | None = None,
+             greedy: np.ndarray | None = None) -> list[np.ndarray]:
+        """Verify ``B`` requests in one call; return each request's emitted tokens.
+
+        ``num_drafts [B]``: each row's own draft length (a ragged batch, padded to
+        ``drafts.shape[2]``); ``greedy [B]``: the rows that decode greedily. Each reaches
+        ``fn`` as a keyword of the same name, and only when given."""
         import torch
 
-        B = drafts.shape[0]
+        B, k, G = drafts.shape
         gen = torch.Generator(device=self.device)
         gen.manual_seed(int(rng.integers(2**63 - 1)))
+        extra = {name: torch.as_tensor(v, device=self.device)
+                 for name, v in (("num_drafts", num_drafts), ("greedy", greedy))
+                 if v is not None}
         with _one_thread(self.device):
             res = self.fn(torch.as_tensor(drafts, device=self.device),
                           torch.as_tensor(p, dtype=self.dtype, device=self.device),
-                          torch.as_tensor(q, dtype=self.dtype, device=self.device), gen)
+                          torch.as_tensor(q, dtype=self.dtype, device=self.device), gen,
+                          **extra)
         acc, br, nxt = (_as_numpy(t, n, B) for t, n in
                         zip(_unpack(res), ("accepted", "branch", "next_token"), strict=True))
-        k, g = drafts.shape[1:]
-        if ((acc < 0) | (acc > g)).any() or ((br < 0) | (br >= k)).any():
-            raise ValueError(f"a batched verifier returned accepted outside [0, {g}] or branch "
-                             f"outside [0, {k})")
+        most = np.full(B, G) if num_drafts is None else np.asarray(num_drafts)
+        if ((acc < 0) | (acc > most)).any() or ((br < 0) | (br >= k)).any():
+            b = int(np.flatnonzero((acc < 0) | (acc > most) | (br < 0) | (br >= k))[0])
+            raise ValueError(f"a batched verifier returned accepted = {acc[b]} for request "
+                             f"{b} of {int(most[b])} drafts (or branch {br[b]} outside "
+                             f"[0, {k})): accepted must lie in [0, that request's drafts]")
         return [np.append(drafts[b, br[b], :acc[b]], nxt[b]) for b in range(B)]
 
     def __call__(self, drafts: np.ndarray, p: np.ndarray, q: np.ndarray,
@@ -115,11 +132,21 @@ class TorchVerifier:
         return self.step(drafts[None], p[None], q[None], rng)[0]
 
 
-def from_torch(fn: Callable, *, dtype=None, device="cpu", name: str | None = None):
-    """Wrap a batched torch verifier ``fn(drafts, p, q, generator)`` (see the module doc)."""
+def from_torch(fn: Callable, *, dtype=None, device="cpu", name: str | None = None,
+               ragged: bool = False, greedy: bool = False):
+    """Wrap a batched torch verifier ``fn(drafts, p, q, generator)`` (see the module doc).
+
+    ``dtype``: the laws' dtype, ``torch.float32`` by default as engines run them
+    (``torch.bfloat16`` and ``torch.float64`` also work). ``ragged=True``: ``fn`` also takes
+    ``num_drafts`` int64 ``[B]``, each request's own draft length, with the batch padded
+    adversarially past it (:func:`coupling.conformance.loop.pad_trees`). ``greedy=True``:
+    ``fn`` also takes ``greedy`` bool ``[B]`` in every call, and greedy requests ride beside
+    the sampled ones; a greedy request must emit the target's argmax tokens.
+    """
     if not callable(fn):
         raise TypeError(f"from_torch needs a callable, got {type(fn).__name__}")
-    return TorchVerifier(fn, dtype=dtype, device=device, name=name)
+    return TorchVerifier(fn, dtype=dtype, device=device, name=name, ragged=ragged,
+                         greedy=greedy)
 
 
 def torch_rule(rule: str, *, replacement: bool = True, dtype=None, device="cpu"):

@@ -3,7 +3,8 @@ r"""Three published verification bugs, reproduced as negative controls, with the
 Each reproduction is written from the public description of the bug, in this package's
 protocol: ``verify(drafts, p, q, rng)`` on one branch (``k = 1``) samples the mechanism as
 described, and ``law(drafts, p, q)`` gives its exact conditional law, so
-``check_verifier(..., exact=True)`` measures the exact output distortion. ``fixed=True`` is
+``check_verifier(..., exact=True, id_space=None)`` measures the exact output distortion (the
+reproductions model a vocabulary of exactly ``V`` tokens, as :mod:`.museum` says). ``fixed=True`` is
 the published fix. The checker flags every bug and passes every fix.
 
 ``vllm_shared_noise`` (vLLM #47386, fixed by #54282)

@@ -10,8 +10,10 @@ import numpy as np
 
 from .. import target_law
 from ..dist import validate_count
+from .errors import VerifierRaised, guarded
+from .ids import relabel
 from .loop import Laws, exact_law, sample_counts
-from .pairs import Pair, as_pairs, model_pairs
+from .pairs import PAIR_NAMES, Pair, as_pairs, model_pairs
 from .stats import (
     MIN_EXPECTED,
     POWER,
@@ -22,33 +24,9 @@ from .stats import (
 )
 
 __all__ = ["PairResult", "ConformanceReport", "VerifierRaised", "check_verifier", "DRAWS",
-           "MAX_STRINGS", "looks", "sequential_test", "build_report"]
+           "MAX_STRINGS", "GAMMAS", "ID_SPACE", "looks", "sequential_test", "build_report",
+           "as_gammas"]
 
-
-class VerifierRaised(RuntimeError):
-    """The verifier under test raised on valid input, itself a conformance failure: the
-    original exception is the ``__cause__``; ``pair``, ``drafts``, ``p``, ``q`` are what it was
-    given (a batch of them for a batched verifier), enough to reproduce it."""
-
-    def __init__(self, exc: BaseException, pair: str, drafts, p, q):
-        self.pair, self.drafts, self.p, self.q = pair, drafts, p, q
-        laws = "" if np.ndim(drafts) > 2 else (
-            f", p {np.round(np.asarray(p, dtype=float), 4).tolist()}, "
-            f"q {np.round(np.asarray(q, dtype=float), 4).tolist()}")
-        super().__init__(f"the verifier raised {type(exc).__name__}: {exc} (on pair "
-                         f"{pair!r}: drafts {np.asarray(drafts).tolist()}{laws})")
-
-
-def _guarded(fn: Callable, pair: str) -> Callable:
-    """``fn(drafts, p, q, ...)`` with any exception it raises turned into :class:`VerifierRaised`
-    with its inputs."""
-    def call(drafts, p, q, *rest):
-        try:
-            return fn(drafts, p, q, *rest)
-        except Exception as exc:
-            raise VerifierRaised(exc, pair, drafts, p, q) from exc
-
-    return call
 
 #: Generation loops per model pair when ``draws`` is not given.
 DRAWS = 20_000
@@ -56,6 +34,12 @@ DRAWS = 20_000
 MAX_STRINGS = 100_000
 #: Largest exact TV an exact check accepts as lossless (float rounding of the enumeration).
 EXACT_TOL = 1e-12
+#: Each step's gamma is drawn from these when ``gamma`` is not given.
+GAMMAS = (1, 2, 3, 4)
+#: Size of the vocabulary the checker's tokens are placed in (:mod:`.ids`).
+ID_SPACE = 16
+#: Greedy loops per batch of sampled ones, for a batched verifier that takes greedy rows.
+GREEDY_LOOPS = 16
 
 
 @dataclass(frozen=True)
@@ -75,6 +59,8 @@ class PairResult:
     tokens_per_call: float | None  # emitted tokens per verify call
     worst: tuple  # up to three (string, observed or verifier probability, target probability)
     noise_tv: float = 0.0  # the plug-in TV a lossless verifier shows here by sampling noise
+    greedy_loops: int = 0  # greedy loops run beside the sampled ones (a batched verifier)
+    greedy_wrong: int = 0  # of which strayed from the target's greedy string
 
 
 @dataclass(frozen=True)
@@ -99,7 +85,7 @@ class ConformanceReport:
     detectable_tv: float
     alpha: float
     vocab_size: int
-    gamma: int
+    gamma: int | tuple[int, ...]  # each step's gamma drawn uniformly from a tuple
     k: int
     replacement: bool
     length: int
@@ -136,6 +122,8 @@ class ConformanceReport:
                 f"{r.name:<10}{r.draws:>8}{stat:>10}{r.dof:>6}{pv:>10}   "
                 f"{_tv_text(r.tv, r.tv_low, r.tv_high):<26}{r.detectable_tv:>8.3g}{tpc:>9}"
             )
+        lines += [f"{r.name}: {r.greedy_wrong} of {r.greedy_loops} greedy loops strayed from "
+                  "the target's greedy string" for r in self.pairs if r.greedy_wrong]
         verdict = "PASS" if self.ok else "FAIL"
         pv = "" if self.p_value is None else f"p = {self.p_value:.3g} (alpha = {self.alpha:g}), "
         bound = "tolerance" if self.mode == "exact" else "detectable TV"
@@ -168,8 +156,8 @@ def _stepper(verify, pair: str) -> Callable:
     """One step of a batch of loops: a batched verifier's own (guarded as a batch), or the
     verifier called per request (guarded per request, so a failure names its one input)."""
     if getattr(verify, "batched", False) and hasattr(verify, "step"):
-        return _guarded(verify.step, pair)
-    one = _guarded(verify, pair)
+        return guarded(verify.step, pair)
+    one = guarded(verify, pair)
 
     def step(drafts, p, q, rng):
         return [one(d, pp, qq, rng) for d, pp, qq in zip(drafts, p, q, strict=True)]
@@ -189,13 +177,15 @@ def looks(draws: int, batch: int = 256) -> list[int]:
 
 
 def sequential_test(sample: Callable[[int, int], np.ndarray], pair: Pair, P: np.ndarray, *,
-                    draws: int, length: int, level: float) -> PairResult:
+                    draws: int, length: int, level: float,
+                    failed: Callable[[], bool] = lambda: False) -> PairResult:
     """A pair's test, read at :func:`looks`: half of ``level`` goes to the last look, the other
     half is split evenly over the earlier ones, where a FAIL stops the loops. The reported
     p-value is the smallest ``p / share`` over the looks (a union bound: its false-positive
     rate stays ``level``). ``sample(n, done)`` runs ``n`` more loops (``done`` so far) and
     returns the counts of their first ``length`` tokens in two halves ``[2, V**length]``;
-    the result's ``tokens_per_call`` is left ``None``."""
+    the result's ``tokens_per_call`` is left ``None``. ``failed()``: a verdict reached by
+    other means (greedy loops that strayed), which also stops the loops."""
     at = looks(draws)
     shares = [0.5 / (len(at) - 1)] * (len(at) - 1) + [0.5] if len(at) > 1 else [1.0]
     halves = np.zeros((2, P.size), dtype=np.int64)
@@ -204,7 +194,7 @@ def sequential_test(sample: Callable[[int, int], np.ndarray], pair: Pair, P: np.
         halves, done = halves + sample(n - done, done), n
         test = likelihood_ratio(halves.sum(axis=0), P)
         adjusted = min(adjusted, test.p_value / share)
-        if adjusted < level:                  # overwhelming evidence of loss: stop here
+        if adjusted < level or failed():      # overwhelming evidence of loss: stop here
             break
     tv, lo, hi = tv_interval(halves, P)
     V = round(P.size ** (1 / length))
@@ -214,41 +204,68 @@ def sequential_test(sample: Callable[[int, int], np.ndarray], pair: Pair, P: np.
                       _worst(halves.sum(axis=0) / done, P, V, length), noise_tv(P, done))
 
 
-def _statistical(verify, pair: Pair, P: np.ndarray, *, draws: int, length: int, gamma: int,
-                 k: int, replacement: bool, level: float, rng: np.random.Generator,
-                 progress) -> PairResult:
+def _statistical(verify, pair: Pair, P: np.ndarray, *, draws: int, length: int,
+                 gammas: tuple[int, ...], k: int, replacement: bool, level: float,
+                 rng: np.random.Generator, progress) -> PairResult:
     """A pair's :func:`sequential_test` on loops around ``verify``, with its tokens per
-    verification call."""
+    verification call; greedy loops ride beside the sampled ones where the verifier takes
+    them, and one that strays fails the pair (p-value 0)."""
     target, draft = Laws(pair.target, "target"), Laws(pair.draft, "draft")
     step = _stepper(verify, pair.name)
-    totals = [0, 0]                           # verification calls, emitted tokens
+    batched = getattr(verify, "batched", False)
+    layout = getattr(verify, "layout", "call") if batched else "rows"
+    greedy = GREEDY_LOOPS if batched and getattr(verify, "greedy", False) else 0
+    seen = [0, 0, 0, 0]                       # calls, emitted tokens, greedy loops, strayed
 
     def sample(n: int, done: int) -> np.ndarray:
-        part, c, e = sample_counts(step, target, draft, n=n, length=length, gamma=gamma,
-                                   k=k, replacement=replacement, rng=rng, progress=progress)
-        totals[0], totals[1] = totals[0] + c, totals[1] + e
-        return part
+        c = sample_counts(step, target, draft, n=n, length=length, gammas=gammas, k=k,
+                          replacement=replacement, rng=rng, layout=layout, greedy=greedy,
+                          progress=progress)
+        for i, v in enumerate((c.calls, c.emitted, c.greedy_loops, c.greedy_wrong)):
+            seen[i] += v
+        return c.counts
 
-    result = sequential_test(sample, pair, P, draws=draws, length=length, level=level)
-    return replace(result, tokens_per_call=totals[1] / totals[0])
+    result = sequential_test(sample, pair, P, draws=draws, length=length, level=level,
+                             failed=lambda: seen[3] > 0)
+    result = replace(result, tokens_per_call=seen[1] / seen[0], greedy_loops=seen[2],
+                     greedy_wrong=seen[3])
+    return replace(result, p_value=0.0) if seen[3] else result
 
 
-def _exact(law, pair: Pair, P: np.ndarray, *, length: int, gamma: int, k: int,
+def _exact(law, pair: Pair, P: np.ndarray, *, length: int, gammas: tuple[int, ...], k: int,
            replacement: bool) -> PairResult:
     target, draft = Laws(pair.target, "target"), Laws(pair.draft, "draft")
     V = target(()).size
-    out = exact_law(_guarded(law, pair.name), target, draft, length=length, gamma=gamma, k=k,
-                    replacement=replacement)
+    out = exact_law(guarded(law, pair.name), target, draft, length=length, gammas=gammas,
+                    k=k, replacement=replacement)
     tv = 0.5 * float(np.abs(out - P).sum())
     return PairResult(pair.name, pair.description, 0, None, 0, None, tv, tv, tv, EXACT_TOL,
                       None, _worst(out, P, V, length))
+
+
+def as_gammas(gamma) -> tuple[int, ...]:
+    """``gamma`` (a count, or a sequence of counts each step draws from) as a sorted tuple.
+
+    >>> as_gammas(3), as_gammas([4, 1, 2, 2])
+    ((3,), (1, 2, 4))
+    """
+    if isinstance(gamma, (int, np.integer)) and not isinstance(gamma, bool):
+        return (validate_count(gamma, "gamma"),)
+    try:
+        out = tuple(sorted({validate_count(g, "gamma") for g in gamma}))
+    except TypeError:
+        raise TypeError(f"gamma must be a positive int or a sequence of them, got "
+                        f"{type(gamma).__name__}") from None
+    if not out:
+        raise ValueError("gamma is empty: pass a positive int or a non-empty sequence of them")
+    return out
 
 
 def check_verifier(
     verify,
     *,
     vocab_size: int = 3,
-    gamma: int = 2,
+    gamma: int | Sequence[int] = GAMMAS,
     k: int = 1,
     replacement: bool = True,
     length: int | None = None,
@@ -257,6 +274,7 @@ def check_verifier(
     alpha: float = 1e-6,
     exact: bool = False,
     pairs: Sequence[Pair | tuple] | None = None,
+    id_space: int | None = ID_SPACE,
     progress: Callable[[int, int], None] | None = None,
 ) -> ConformanceReport:
     """Check that iterating ``verify`` generates exactly the target's law (see the package doc).
@@ -267,12 +285,16 @@ def check_verifier(
         ``verify(drafts [k, gamma], p [k, gamma + 1, V], q [k, gamma, V], rng)`` returning the
         emitted tokens; or a batched verifier from :func:`from_torch`. With ``exact=True`` it
         must also have ``verify.law(drafts, p, q)`` returning ``{emitted tuple: probability}``.
-    vocab_size, gamma, k, replacement
-        The vocabulary, drafts per branch, branches, and whether the ``k`` first drafts are
-        i.i.d. (``True``) or distinct.
+    vocab_size, k, replacement
+        The vocabulary, branches, and whether the ``k`` first drafts are i.i.d. (``True``)
+        or distinct.
+    gamma : int or sequence of int
+        Drafts per branch; a sequence draws each verification step's gamma uniformly from
+        it, as engines with adaptive draft lengths do (per request for a ragged batched
+        verifier, per call for another batched one). Default ``(1, 2, 3, 4)``.
     length : int, optional
-        Strings of the first ``length`` emitted tokens are compared; default ``gamma + 2``,
-        so every string spans at least two verification steps.
+        Strings of the first ``length`` emitted tokens are compared; default
+        ``max(gamma) + 2``, so every string spans at least two verification steps.
     draws : int, optional
         Generation loops per pair (statistical mode), default :data:`DRAWS`.
     seed : int
@@ -283,12 +305,16 @@ def check_verifier(
         Compute each pair's output law exactly from ``verify.law`` instead of sampling.
     pairs : sequence, optional
         Your own ``(target, draft)`` language models instead of :func:`model_pairs`.
+    id_space : int or None
+        The verifier sees each pair's tokens at ids of a vocabulary of ``id_space`` ids, one
+        of 0, 1 and the last among them (:mod:`coupling.conformance.ids`), with laws over
+        the whole id space; ``None``: ids ``0 .. V - 1``. Default 16.
     progress : callable, optional
         Called as ``progress(loops_done, loops_total)`` while sampling.
     """
-    V, gamma, k = (validate_count(v, n) for v, n in ((vocab_size, "vocab_size"), (gamma, "gamma"),
-                                               (k, "k")))
-    length = gamma + 2 if length is None else validate_count(length, "length")
+    V, k = validate_count(vocab_size, "vocab_size"), validate_count(k, "k")
+    gammas = as_gammas(gamma)
+    length = max(gammas) + 2 if length is None else validate_count(length, "length")
     draws = DRAWS if draws is None else validate_count(draws, "draws")
     _check_settings(verify, replacement, alpha, exact)
     pairs = model_pairs(V, k=k, replacement=bool(replacement), seed=seed) if pairs is None \
@@ -307,16 +333,19 @@ def check_verifier(
         progress(done[0], draws * m)
 
     results = []
-    for pair, rng in zip(pairs, rngs, strict=True):
+    for j, (pair, rng) in enumerate(zip(pairs, rngs, strict=True)):
         P = np.asarray(target_law(pair.target, length), dtype=np.float64)
-        kw = dict(length=length, gamma=gamma, k=k, replacement=bool(replacement))
-        results.append(_exact(verify.law, pair, P, **kw) if exact else _statistical(
-            verify, pair, P, draws=draws, level=alpha / m, rng=rng,
+        kw = dict(length=length, gammas=gammas, k=k, replacement=bool(replacement))
+        seen = relabel(verify, V, id_space, seed=seed, name=pair.name,
+                       pair=PAIR_NAMES.index(pair.name) if pair.name in PAIR_NAMES else j)
+        results.append(_exact(seen.law, pair, P, **kw) if exact else _statistical(
+            seen, pair, P, draws=draws, level=alpha / m, rng=rng,
             progress=tick if progress else None, **kw))
         if not exact and results[-1].p_value * m < alpha:
             break                             # the verdict is FAIL whatever the other pairs
     return build_report(verify, tuple(results), exact=exact, alpha=float(alpha), draws=draws,
-                   settings=dict(vocab_size=V, gamma=gamma, k=k, replacement=bool(replacement),
+                   settings=dict(vocab_size=V, gamma=gammas[0] if len(gammas) == 1 else gammas,
+                                 k=k, replacement=bool(replacement),
                                  length=length, seed=int(seed)),
                    seconds=time.perf_counter() - t0, pairs=m)
 

@@ -8,9 +8,11 @@ Examples
     coupling conformance coupling.conformance.bugs:ASCEND_BLOCK_VERIFY --exact
     coupling conformance mypkg.verify:verify --gamma 3 --drafts 2 --draws 50000 --json
     coupling conformance mypkg.engine:batched_verify --torch
+    coupling conformance mypkg.engine:padded_verify --torch --ragged --greedy --dtype bfloat16
 
 ``NAME`` is the verifier: a callable ``verify(drafts, p, q, rng)``; ``--torch`` wraps a
-batched ``fn(drafts, p, q, generator)`` with :func:`coupling.conformance.from_torch`. The
+batched ``fn(drafts, p, q, generator)`` with :func:`coupling.conformance.from_torch`
+(``--ragged``: it also takes ``num_drafts``; ``--greedy``: ``greedy`` rows ride along). The
 exit status is 0 when the check passes, 1 when it finds a loss or the verifier raises on valid
 input (a failure too: its traceback is printed with the pair and drafts it was given), 2 on bad
 input to the command. A FAIL also prints the smallest failing case (``--no-minimize``: not):
@@ -48,13 +50,17 @@ def add_arguments(a: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """The options of ``coupling conformance`` on the parser ``a``."""
     a.add_argument("target", metavar="MODULE:NAME", help="the verifier, e.g. mypkg.spec:verify")
     a.add_argument("--vocab-size", type=int, default=3, metavar="V", help="vocabulary (3)")
-    a.add_argument("--gamma", type=int, default=2, metavar="G", help="drafts per branch (2)")
+    a.add_argument("--gamma", type=_gammas, default=None, metavar="G[,G...]",
+                   help="drafts per branch; a list draws each step's from it (1,2,3,4)")
     a.add_argument("--drafts", "--k", dest="k", type=int, default=1, metavar="K",
                    help="draft branches, as in `coupling analyze` (1)")
     a.add_argument("--without-replacement", action="store_true",
                    help="the k first drafts are distinct (successive sampling)")
     a.add_argument("--length", type=int, default=None, metavar="L",
-                   help="compare the law of the first L tokens (gamma + 2)")
+                   help="compare the law of the first L tokens (max gamma + 2)")
+    a.add_argument("--id-space", type=int, default=16, metavar="N",
+                   help="place the V tokens at ids of a vocabulary of N, among them 0, 1 or "
+                        "N - 1 (16; 0: ids 0 .. V - 1)")
     a.add_argument("--draws", type=int, default=None, metavar="N",
                    help="generation loops per model pair (20000)")
     a.add_argument("--seed", type=int, default=0, help="seed of the models and draws (0)")
@@ -63,12 +69,34 @@ def add_arguments(a: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="exact mode: enumerate the law from NAME.law(drafts, p, q)")
     a.add_argument("--torch", action="store_true",
                    help="NAME is a batched torch verifier fn(drafts, p, q, generator)")
+    a.add_argument("--ragged", action="store_true",
+                   help="with --torch: padded batches, fn(..., num_drafts=[B])")
+    a.add_argument("--greedy", action="store_true",
+                   help="with --torch: greedy requests beside sampled ones, fn(..., greedy=[B])")
+    a.add_argument("--dtype", choices=("float32", "bfloat16", "float16", "float64"),
+                   default="float32", help="with --torch: the laws' dtype (float32)")
     a.add_argument("--json", action="store_true", help="print the report as JSON")
     a.add_argument("--no-minimize", action="store_true",
                    help="on a FAIL, skip the search for the smallest failing case")
     a.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     a.set_defaults(run=run)
     return a
+
+
+def _gammas(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(g) for g in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected G or G,G,... (e.g. 1,2,3,4), got {text!r}") from None
+
+
+def _check_kwargs(args: argparse.Namespace) -> dict:
+    """The settings shared by the check and the search for the smallest failing case."""
+    gamma = {} if args.gamma is None else {"gamma": args.gamma}
+    return dict(vocab_size=args.vocab_size, k=args.k, replacement=not args.without_replacement,
+                seed=args.seed, alpha=args.alpha, exact=args.exact, draws=args.draws,
+                id_space=args.id_space or None, **gamma)
 
 
 def load(spec: str):
@@ -117,13 +145,16 @@ def run(args: argparse.Namespace) -> int:
     try:
         verify = load(args.target)
         if args.torch:
-            verify = from_torch(verify, name=args.target)
+            import torch
+
+            verify = from_torch(verify, name=args.target, ragged=args.ragged,
+                                greedy=args.greedy, dtype=getattr(torch, args.dtype))
+        elif args.ragged or args.greedy:
+            raise ValueError("--ragged and --greedy describe a batched torch verifier: add "
+                             "--torch")
         show = not (args.no_progress or args.json or args.exact) and sys.stderr.isatty()
-        report = check_verifier(
-            verify, vocab_size=args.vocab_size, gamma=args.gamma, k=args.k,
-            replacement=not args.without_replacement, length=args.length, draws=args.draws,
-            seed=args.seed, alpha=args.alpha, exact=args.exact,
-            progress=_Bar() if show else None)
+        report = check_verifier(verify, length=args.length, **_check_kwargs(args),
+                                progress=_Bar() if show else None)
     except VerifierRaised as exc:        # the code under test failed: its traceback, a FAIL
         traceback.print_exception(exc.__cause__, file=sys.stderr)
         print(f"coupling conformance: FAIL: {exc}", file=sys.stderr)
@@ -147,12 +178,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _minimize(verify, args: argparse.Namespace):
     """The smallest failing case (:func:`coupling.conformance.minimal_counterexample`)."""
+    from .check import GAMMAS
     from .minimal import minimal_counterexample
 
-    return minimal_counterexample(
-        verify, vocab_size=args.vocab_size, gamma=args.gamma, k=args.k,
-        replacement=not args.without_replacement, seed=args.seed, alpha=args.alpha,
-        exact=args.exact, draws=args.draws, source=args.target)
+    kwargs = _check_kwargs(args)
+    kwargs.setdefault("gamma", GAMMAS)
+    return minimal_counterexample(verify, source=args.target, **kwargs)
 
 
 def main(argv: list[str] | None = None) -> int:

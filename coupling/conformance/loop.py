@@ -27,8 +27,10 @@ models depend on the context only).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -41,6 +43,9 @@ __all__ = [
     "enumerate_trees",
     "check_emission",
     "sample_counts",
+    "Counts",
+    "pad_trees",
+    "greedy_string",
     "exact_law",
     "MAX_TREES",
 ]
@@ -70,13 +75,13 @@ class Laws:
     def draw(self, ctx: tuple[int, ...], u: float) -> int:
         """Inverse-CDF draw from the law after ``ctx`` (never a token of zero mass)."""
         c = self.cdfs.get(ctx)
-        if c is None:
-            c = self.cdfs[ctx] = np.cumsum(self(ctx))
-        i = int(np.searchsorted(c, u * c[-1], side="right"))
-        law = self(ctx)
-        if i >= law.size or law[i] <= 0:
-            i = int(np.flatnonzero(law > 0)[-1])
-        return i
+        if c is None:                     # plain lists: bisect beats numpy on a few tokens
+            law = self(ctx)
+            c = self.cdfs[ctx] = (np.cumsum(law).tolist(), (law > 0).tolist(),
+                                  int(np.flatnonzero(law > 0)[-1]))
+        cdf, positive, last = c
+        i = bisect.bisect_right(cdf, u * cdf[-1])
+        return i if i < len(cdf) and positive[i] else last
 
 
 def _distinct_first(q: np.ndarray, k: int, rng: np.random.Generator) -> list[int]:
@@ -114,14 +119,10 @@ def tree_laws(ctx: tuple[int, ...], drafts: np.ndarray, target: Laws, draft: Law
     V = target(ctx).size
     if draft(ctx).size != V:
         raise ValueError(f"vocabulary mismatch: target has {V} tokens, draft {draft(ctx).size}")
-    p = np.empty((k, gamma + 1, V))
-    q = np.empty((k, gamma, V))
-    for j in range(k):
-        row = tuple(drafts[j].tolist())
-        for i in range(gamma + 1):
-            p[j, i] = target(ctx + row[:i])
-            if i < gamma:
-                q[j, i] = draft(ctx + row[:i])
+    rows = [tuple(r) for r in drafts.tolist()]
+    p = np.array([[target(ctx + r[:i]) for i in range(gamma + 1)] for r in rows])
+    q = np.array([[draft(ctx + r[:i]) for i in range(gamma)] for r in rows]).reshape(
+        k, gamma, V)
     return p, q
 
 
@@ -165,11 +166,11 @@ def check_emission(out, drafts: np.ndarray, V: int) -> tuple[int, ...]:
             f"verify must return a 1-D integer array of 1 to gamma+1 = {gamma + 1} tokens (the "
             f"accepted drafts, then one token), got {arr!r}"
         )
-    em = tuple(int(t) for t in arr.tolist())
+    em = tuple(arr.tolist())
     if min(em) < 0 or max(em) >= V:
         raise ValueError(f"verify returned token ids outside [0, {V}): {list(em)}")
     n = len(em) - 1
-    if n and not (drafts[:, :n] == np.asarray(em[:n])).all(axis=1).any():
+    if n and not any(tuple(row[:n]) == em[:n] for row in drafts.tolist()):
         raise ValueError(
             f"verify emitted {list(em)}, whose first {n} tokens are not the first {n} drafts of "
             f"any branch of {drafts.tolist()}: a verifier may only accept drafted tokens"
@@ -183,45 +184,125 @@ def _index(strings: np.ndarray, V: int) -> np.ndarray:
         np.zeros(0, dtype=np.int64)
 
 
-def sample_counts(step: Step, target: Laws, draft: Laws, *, n: int, length: int, gamma: int,
-                  k: int, replacement: bool, rng: np.random.Generator,
-                  batch: int = 256, progress: Callable[[int], None] | None = None):
-    """Run ``n`` generation loops; return the counts of the first ``length`` tokens
-    in two halves ``[2, V**length]`` (alternate batches; lexicographic strings), the number
-    of verification calls and of emitted tokens.
+@dataclass(frozen=True)
+class Counts:
+    """What :func:`sample_counts` observed: ``counts [2, V**length]`` of the sampled loops'
+    first ``length`` tokens (alternate batches), verification calls and emitted tokens of
+    those loops, and the greedy loops run beside them with how many strayed from the
+    target's greedy string (``greedy_example``: the first such string)."""
+
+    counts: np.ndarray
+    calls: int
+    emitted: int
+    greedy_loops: int = 0
+    greedy_wrong: int = 0
+    greedy_example: tuple[int, ...] | None = None
+
+
+def greedy_string(target: Laws, length: int) -> tuple[int, ...]:
+    """The target's greedy string of ``length`` tokens (argmax at every step, lowest id on a
+    tie)."""
+    out: tuple[int, ...] = ()
+    while len(out) < length:
+        out += (int(np.argmax(target(out))),)
+    return out
+
+
+def pad_trees(trees: list[np.ndarray], laws: list, draft: Laws, rng: np.random.Generator):
+    """Stack trees of different ``gamma`` as an engine pads a ragged batch: ``drafts
+    [B, k, G]``, ``p [B, k, G + 1, V]``, ``q [B, k, G, V]`` with ``G`` the largest gamma, and
+    ``num_drafts [B]``. The padding is adversarial: each padded draft is a random token and
+    both laws at a padded position are a point mass on it, so a verifier that reads past a
+    row's own drafts accepts tokens that were never drafted (a protocol error the checker
+    names) or takes its bonus token from the wrong row (a distortion of the law)."""
+    num = np.array([t.shape[1] for t in trees], dtype=np.int64)
+    B, (k, _), G, V = len(trees), trees[0].shape, int(num.max()), draft(()).size
+    drafts = rng.integers(V, size=(B, k, G))
+    p = np.zeros((B, k, G + 1, V))
+    q = np.zeros((B, k, G, V))
+    hot = np.eye(V)
+    for b, (tree, (pb, qb)) in enumerate(zip(trees, laws, strict=True)):
+        g = num[b]
+        drafts[b, :, :g] = tree
+        p[b, :, :g + 1], q[b, :, :g] = pb, qb
+        p[b, :, g + 1:] = hot[drafts[b, :, g:]]
+        q[b, :, g:] = hot[drafts[b, :, g:]]
+    return drafts, p, q, num
+
+
+def _round(step: Step, layout: str, ctxs: list, greedy: np.ndarray | None, target: Laws,
+           draft: Laws, gammas: tuple[int, ...], k: int, replacement: bool,
+           draft_rng: np.random.Generator, verify_rng: np.random.Generator):
+    """One verification round of the active loops: their trees and emissions."""
+    if len(gammas) == 1:
+        g = np.full(len(ctxs), gammas[0])
+    elif layout == "call":
+        g = np.repeat(draft_rng.choice(gammas), len(ctxs))
+    else:
+        g = draft_rng.choice(gammas, size=len(ctxs))
+    trees = [sample_tree(c, draft, k, int(n), replacement, draft_rng)
+             for c, n in zip(ctxs, g, strict=True)]
+    laws = [tree_laws(c, d, target, draft) for c, d in zip(ctxs, trees, strict=True)]
+    extra = {} if greedy is None else {"greedy": greedy}
+    if layout == "rows":
+        emitted = step(trees, [p for p, _ in laws], [q for _, q in laws], verify_rng)
+    elif layout == "call":
+        emitted = step(np.stack(trees), np.stack([p for p, _ in laws]),
+                       np.stack([q for _, q in laws]), verify_rng, **extra)
+    else:
+        drafts, p, q, num = pad_trees(trees, laws, draft, draft_rng)
+        emitted = step(drafts, p, q, verify_rng, num_drafts=num, **extra)
+    if len(emitted) != len(ctxs):
+        raise ValueError(f"a batched verifier returned {len(emitted)} emissions for "
+                         f"{len(ctxs)} requests")
+    return trees, emitted
+
+
+def sample_counts(step: Step, target: Laws, draft: Laws, *, n: int, length: int,
+                  gammas: tuple[int, ...], k: int, replacement: bool,
+                  rng: np.random.Generator, batch: int = 256, layout: str = "rows",
+                  greedy: int = 0, progress: Callable[[int], None] | None = None) -> Counts:
+    """Run ``n`` generation loops and count the first ``length`` tokens (:class:`Counts`).
 
     Loops advance in batches of ``batch``: each round drafts a tree for every unfinished
-    loop and hands them to ``step`` together (a batched verifier sees them as one call).
+    loop and hands them to ``step`` together. Every tree's gamma is drawn uniformly from
+    ``gammas``: per loop where ``layout`` is ``"rows"`` (``step`` takes lists of trees of
+    any shape) or ``"ragged"`` (one padded batch, :func:`pad_trees`, with ``num_drafts``),
+    once per call where it is ``"call"`` (stacked arrays). ``greedy`` more loops per batch
+    run beside the sampled ones, flagged by a boolean ``greedy [B]`` keyword (batched layouts
+    only; every call of such a run gets the flags, all ``False`` once the greedy loops are
+    done); they must emit the target's greedy string and are not counted.
     """
     V = target(()).size
     draft_rng, verify_rng = rng.spawn(2)
     counts = np.zeros((2, V**length), dtype=np.int64)
-    calls = emitted_total = 0
+    calls = emitted_total = g_loops = g_wrong = 0
+    g_example, g_string = None, greedy_string(target, length) if greedy else None
     for start in range(0, n, batch):
         m = min(batch, n - start)
-        out = [[] for _ in range(m)]
-        active = list(range(m))
+        flags = np.r_[np.zeros(m, bool), np.ones(greedy, bool)]
+        out: list[list[int]] = [[] for _ in flags]
+        active = list(range(flags.size))
         while active:
-            ctxs = [tuple(out[a]) for a in active]
-            trees = [sample_tree(c, draft, k, gamma, replacement, draft_rng) for c in ctxs]
-            laws = [tree_laws(c, d, target, draft) for c, d in zip(ctxs, trees, strict=True)]
-            drafts = np.stack(trees)
-            emitted = step(drafts, np.stack([p for p, _ in laws]),
-                           np.stack([q for _, q in laws]), verify_rng)
-            if len(emitted) != len(active):
-                raise ValueError(f"a batched verifier returned {len(emitted)} emissions for "
-                                 f"{len(active)} requests")
-            calls += len(active)
+            trees, emitted = _round(step, layout, [tuple(out[a]) for a in active],
+                                    flags[active] if greedy else None, target, draft,
+                                    gammas, k, replacement,
+                                    draft_rng, verify_rng)
             for a, d, em in zip(active, trees, emitted, strict=True):
                 em = check_emission(em, d, V)
                 out[a].extend(em)
-                emitted_total += len(em)
+                if not flags[a]:
+                    calls, emitted_total = calls + 1, emitted_total + len(em)
             active = [a for a in active if len(out[a]) < length]
-        strings = np.array([o[:length] for o in out], dtype=np.int64)
+        strings = np.array([o[:length] for o in out[:m]], dtype=np.int64)
         np.add.at(counts[(start // batch) % 2], _index(strings, V), 1)
+        for o in out[m:]:
+            g_loops += 1
+            if tuple(o[:length]) != g_string:
+                g_wrong, g_example = g_wrong + 1, g_example or tuple(o[:length])
         if progress is not None:
             progress(m)
-    return counts, calls, emitted_total
+    return Counts(counts, calls, emitted_total, g_loops, g_wrong, g_example)
 
 
 def _checked_law(law: Law, drafts: np.ndarray, p: np.ndarray, q: np.ndarray,
@@ -237,21 +318,23 @@ def _checked_law(law: Law, drafts: np.ndarray, p: np.ndarray, q: np.ndarray,
             for e, w in items if float(w) > 0]
 
 
-def exact_law(law: Law, target: Laws, draft: Laws, *, length: int, gamma: int, k: int,
-              replacement: bool) -> np.ndarray:
-    """Exact law (``V**length``, lexicographic) of the first ``length`` emitted tokens."""
+def exact_law(law: Law, target: Laws, draft: Laws, *, length: int, gammas: tuple[int, ...],
+              k: int, replacement: bool) -> np.ndarray:
+    """Exact law (``V**length``, lexicographic) of the first ``length`` emitted tokens, each
+    step's gamma uniform over ``gammas``."""
     V = target(()).size
     frontier: dict[tuple[int, ...], float] = {(): 1.0}
     done = np.zeros(V**length)
     while frontier:
         ctx = min(frontier, key=len)  # shortest first: all mass reaching it has arrived
-        mass = frontier.pop(ctx)
-        for drafts, pr in enumerate_trees(ctx, draft, k, gamma, replacement):
-            p, q = tree_laws(ctx, drafts, target, draft)
-            for em, w in _checked_law(law, drafts, p, q, V):
-                new = (ctx + em)[:length]
-                if len(new) == length:
-                    done[int(np.ravel_multi_index(new, (V,) * length))] += mass * pr * w
-                else:
-                    frontier[new] = frontier.get(new, 0.0) + mass * pr * w
+        mass = frontier.pop(ctx) / len(gammas)
+        for gamma in gammas:
+            for drafts, pr in enumerate_trees(ctx, draft, k, gamma, replacement):
+                p, q = tree_laws(ctx, drafts, target, draft)
+                for em, w in _checked_law(law, drafts, p, q, V):
+                    new = (ctx + em)[:length]
+                    if len(new) == length:
+                        done[int(np.ravel_multi_index(new, (V,) * length))] += mass * pr * w
+                    else:
+                        frontier[new] = frontier.get(new, 0.0) + mass * pr * w
     return done

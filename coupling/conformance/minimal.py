@@ -20,10 +20,11 @@ first overwhelming reading).
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..dist import validate_count
-from .check import ConformanceReport, check_verifier
+from .check import ID_SPACE, ConformanceReport, as_gammas, check_verifier
 from .pairs import model_pairs
 
 __all__ = ["Counterexample", "minimal_counterexample"]
@@ -68,7 +69,7 @@ def _global_name(verify) -> tuple[str, str] | None:
 
 
 def _script(verify, *, V: int, gamma: int, k: int, replacement: bool, index: int, seed: int,
-            exact: bool, source: str | None) -> str:
+            exact: bool, id_space: int | None, source: str | None) -> str:
     name = _global_name(verify)
     if source is not None:
         load = f"from coupling.conformance.cli import load\nverify = load({source!r})"
@@ -81,19 +82,21 @@ def _script(verify, *, V: int, gamma: int, k: int, replacement: bool, index: int
         load,
         f"pair = model_pairs({V}, k={k}, replacement={replacement}, seed={seed})[{index}]",
         f"print(check_verifier(verify, gamma={gamma}, k={k}, replacement={replacement}, "
-        f"pairs=[pair], seed={seed}" + (", exact=True))" if exact else "))")])
+        f"pairs=[pair], seed={seed}, id_space={id_space}"
+        + (", exact=True))" if exact else "))")])
 
 
-def minimal_counterexample(verify, *, vocab_size: int = 3, gamma: int = 2, k: int = 1,
-                           replacement: bool = True, seed: int = 0, alpha: float = 1e-6,
-                           exact: bool = False, draws: int | None = None,
+def minimal_counterexample(verify, *, vocab_size: int = 3, gamma: int | Sequence[int] = 2,
+                           k: int = 1, replacement: bool = True, seed: int = 0,
+                           alpha: float = 1e-6, exact: bool = False, draws: int | None = None,
+                           id_space: int | None = ID_SPACE,
                            source: str | None = None) -> Counterexample | None:
     """The first failing case, smallest first (module doc), up to ``vocab_size`` and
-    ``gamma``; ``None`` where every case passes. ``source``: how the script loads the
+    ``max(gamma)``; ``None`` where every case passes. ``source``: how the script loads the
     verifier (``"MODULE:NAME"``, as ``coupling conformance`` takes it); the other arguments
     are :func:`~coupling.conformance.check_verifier`'s."""
-    V_max, g_max, k = (validate_count(v, n) for v, n in
-                       ((vocab_size, "vocab_size"), (gamma, "gamma"), (k, "k")))
+    V_max, k = validate_count(vocab_size, "vocab_size"), validate_count(k, "k")
+    g_max = max(as_gammas(gamma))
     sizes = sorted(((V, g) for V in range(max(2, k if not replacement else 2), V_max + 1)
                     for g in range(1, g_max + 1)), key=lambda vg: (vg[0] ** (vg[1] + 2), vg))
     cases = [(V, g, i, pair) for V, g in sizes for i, pair in
@@ -101,7 +104,7 @@ def minimal_counterexample(verify, *, vocab_size: int = 3, gamma: int = 2, k: in
     for V, g, i, pair in cases:
         report = check_verifier(verify, gamma=g, k=k, replacement=replacement, seed=seed,
                                 alpha=alpha / len(cases), exact=exact, draws=draws,
-                                pairs=[pair])
+                                pairs=[pair], id_space=id_space)
         if report.ok:
             continue
         res = report.pairs[0]
@@ -110,5 +113,6 @@ def minimal_counterexample(verify, *, vocab_size: int = 3, gamma: int = 2, k: in
         return Counterexample(V, g, k, bool(replacement), pair.name, i, seed, exact, report,
                               strings, _script(verify, V=V, gamma=g, k=k,
                                                replacement=bool(replacement), index=i,
-                                               seed=seed, exact=exact, source=source))
+                                               seed=seed, exact=exact, id_space=id_space,
+                                               source=source))
     return None

@@ -2,8 +2,10 @@ r"""A museum of verification bugs that shipped, and of published "bugs" that are
 
 Each exhibit is written in this package's words from the public description of the bug (no
 code copied), as a one-branch verifier of the checker's protocol with its exact law, so
-``check_verifier(exhibit.verifier, exact=True)`` measures its output distortion exactly:
-:func:`known_bugs` lists them with their sources and the verdict the checker must reach.
+``check_verifier(exhibit.verifier, exact=True, gamma=2, id_space=None)`` measures its output
+distortion exactly: :func:`known_bugs` lists them with their sources and the verdict the
+checker must reach. The exhibits model a vocabulary of exactly the check's ``V`` tokens (the
+zeros of a law are the tokens a filter removed), hence ``id_space=None``.
 The first three are the reproductions of :mod:`.bugs` (with their fixes).
 
 ``reseeded_generator``
