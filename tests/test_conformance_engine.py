@@ -122,3 +122,42 @@ def test_an_emitted_id_outside_the_pair_is_a_failure():
 
     with pytest.raises(VerifierRaised, match="no model gives mass"):
         check_verifier(off_by_one, gamma=1, draws=256)
+
+
+# ------------------------------------------------------------------------------ torch probes
+def _token_step(ratio_test):
+    """A one-request torch verifier: accept the first draft iff ``ratio_test(u, p(x), q(x))``,
+    else (or after it) a draw from the residual or the bonus law."""
+    def fn(drafts, p, q, generator):
+        x, P, Q = int(drafts[0, 0, 0]), p[0, 0].double(), q[0, 0].double()
+        u = torch.rand(1, generator=generator, dtype=torch.float64)[0]
+        if bool(ratio_test(u, P[0, x], Q[0, x])):
+            n, law = 1, P[1] if drafts.shape[2] == 1 else None
+        else:
+            n, law = 0, (P[0] - Q[0]).clamp(min=0)
+        law = P[1] if law is None else law
+        y = torch.multinomial(law / law.sum(), 1, generator=generator)
+        return torch.tensor([n]), torch.tensor([0]), y
+    return fn
+
+
+def test_torch_verifiers_are_probed_at_the_boundaries():
+    """torch.rand and torch.multinomial return the boundary values inside the call: the
+    inclusive comparison (SGLang #35771) fails at coin 0, a ratio test written as
+    "reject iff u >= p / q" fails only on drafts of probability 0 under both models
+    (off_support), the strict product test passes both, and keyed twins are reported as not
+    probeable."""
+    from coupling.conformance import probe_boundaries
+
+    strict = from_torch(_token_step(lambda u, p, q: u * q < p))
+    inclusive = from_torch(_token_step(lambda u, p, q: u * q <= p))
+    nan_prone = from_torch(_token_step(lambda u, p, q: ~(u >= p / q)))
+    assert probe_boundaries(strict, gamma=1, off_support=True).ok
+    report = probe_boundaries(inclusive, gamma=1)
+    assert report.ok is False and report.failures[0].value == 0.0
+    assert probe_boundaries(nan_prone, gamma=1).ok
+    off = probe_boundaries(nan_prone, gamma=1, off_support=True)
+    assert off.ok is False and {f.case for f in off.failures} == {"p = q = 0"}
+    assert probe_boundaries(from_torch(padded_token_verifier), off_support=True).ok
+    keyed = probe_boundaries(torch_rule("token"))
+    assert keyed.ok is None and "torch.randint" in keyed.reason

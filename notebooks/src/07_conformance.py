@@ -45,7 +45,7 @@ t0 = time.perf_counter()
 report = check_verifier(from_rule("token"), draws=3_000)
 print(report)
 assert report.ok
-exact = check_verifier(from_rule("token"), exact=True)
+exact = check_verifier(from_rule("token"), exact=True, gamma=2)
 assert exact.ok and exact.tv < 1e-12
 print(f"\nexact mode: worst TV {exact.tv:.1e} over {len(exact.pairs)} pairs, {exact.seconds:.2f} s")
 
@@ -61,12 +61,15 @@ print(f"\nexact mode: worst TV {exact.tv:.1e} over {len(exact.pairs)} pairs, {ex
 #
 # Each reproduction samples its mechanism and exposes its exact law (closed forms in
 # `coupling.conformance.bugs`), so the exact mode gives each pair's exact TV between the
-# law of the first four tokens and the target's.
+# law of the first four tokens and the target's. The reproductions model a vocabulary of
+# exactly the check's tokens, whose zeros are the tokens a filter removed, so they run on
+# ids 0 .. V - 1 (`id_space=None`) rather than in the 16-id space of the default check.
 
 # %%
+SMALL = dict(gamma=2, id_space=None)
 rows = {}
 for name, (bug, fix) in REPRODUCTIONS.items():
-    bad, good = check_verifier(bug, exact=True), check_verifier(fix, exact=True)
+    bad, good = (check_verifier(v, exact=True, **SMALL) for v in (bug, fix))
     assert not bad.ok and good.ok and good.tv < 1e-12
     rows[name] = [r.tv for r in bad.pairs]
     print(f"{name:<20} bug: worst TV {bad.tv:.4f} ({max(bad.pairs, key=lambda r: r.tv).name})"
@@ -132,10 +135,40 @@ plt.show()
 
 # %%
 for name, (bug, fix) in REPRODUCTIONS.items():
-    bad, good = check_verifier(bug, draws=10_000), check_verifier(fix, draws=3_000)
+    bad = check_verifier(bug, draws=10_000, **SMALL)
+    good = check_verifier(fix, draws=3_000, **SMALL)
     assert not bad.ok and good.ok
     print(f"{name:<20} bug: p = {bad.p_value:.1e}, TV {bad.tv:.3f} [{bad.tv_interval[0]:.3f}, "
           f"{bad.tv_interval[1]:.3f}]   fix: p = {good.p_value:.2f} -> PASS")
+
+# %% [markdown]
+# ## A padded batch, as an engine verifies it
+#
+# Engines verify many requests per call: each with its own number of drafts, padded to the
+# longest, and greedy requests beside sampled ones. `from_torch(fn, ragged=True,
+# greedy=True)` hands `fn` such batches: `num_drafts [B]` and `greedy [B]` as keywords, the
+# padding filled adversarially (a random token whose laws are a point mass on it), laws in
+# float32, gammas drawn from 1..4 per request, and the tokens at ids of a 16-id vocabulary
+# among which 0, 1 and 15 appear. `coupling.conformance.padded` holds such a verifier,
+# written as engines write it, and two mistakes of that code path: the bonus token drawn at
+# the batch's last position, and the whole batch judged greedily when one request is greedy.
+
+# %%
+from coupling.conformance import from_torch
+from coupling.conformance.padded import (
+    greedy_when_any_row_is,
+    padded_bonus_from_last,
+    padded_token_verifier,
+)
+
+engines = {"reference": padded_token_verifier, "bonus at the last position": padded_bonus_from_last,
+           "greedy batch when any row is": greedy_when_any_row_is}
+for name, fn in engines.items():
+    r = check_verifier(from_torch(fn, ragged=True, greedy=True), draws=3_000)
+    greedy = sum(x.greedy_loops for x in r.pairs)
+    print(f"{name:<30} {'PASS' if r.ok else 'FAIL'}: worst TV {r.tv:.3f}, {greedy} greedy "
+          f"loops, {r.seconds:.1f} s")
+    assert r.ok == (fn is padded_token_verifier)
 
 # %% [markdown]
 # ## Hugging Face transformers' `_speculative_sampling`
@@ -176,7 +209,7 @@ from coupling.conformance import known_bugs, probe_boundaries
 from coupling.conformance.museum import HsdSinglePath
 
 exhibits = known_bugs()
-tvs = {e.key: check_verifier(e.verifier, exact=True).tv for e in exhibits}
+tvs = {e.key: check_verifier(e.verifier, exact=True, **SMALL).tv for e in exhibits}
 for e in exhibits:       # a bug of probability 0 keeps the target's law: the probes see it
     assert (tvs[e.key] > 1e-4) == (e.lossy and e.caught_by == "exact"), e.key
     if e.caught_by == "probe":
