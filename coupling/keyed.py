@@ -110,7 +110,8 @@ class Backend(NamedTuple):
 
     ``key(x)``: integer keys as hash words; ``const(c)``: a uint64 constant as a hash word;
     ``shift(z, s, out)``: ``z >> s`` into ``out`` (arithmetic or logical: the caller masks);
-    ``empty_like``; ``unit(h)``: the top 53 bits of ``h`` as float64 (exact).
+    ``empty_like``; ``unit(h)``: the top 53 bits of ``h`` as float64 (exact);
+    ``clip_below_one(u)``: ``u`` with 1.0 moved to the largest float64 below 1, in place.
     """
 
     key: Callable
@@ -118,6 +119,7 @@ class Backend(NamedTuple):
     shift: Callable
     empty_like: Callable
     unit: Callable
+    clip_below_one: Callable
 
 
 NUMPY = Backend(
@@ -126,6 +128,7 @@ NUMPY = Backend(
     shift=lambda z, s, out: np.right_shift(z, np.uint64(s), out=out),
     empty_like=np.empty_like,
     unit=lambda h: (h >> np.uint64(11)).astype(np.float64),
+    clip_below_one=lambda u: np.minimum(u, 1.0 - 2.0**-53, out=u),
 )
 
 
@@ -148,6 +151,7 @@ def torch_backend() -> Backend:
         shift=lambda z, s, out: torch.bitwise_right_shift(z, s, out=out),
         empty_like=torch.empty_like,
         unit=unit,
+        clip_below_one=lambda u: u.clamp_(max=1.0 - 2.0**-53),
     )
 
 
@@ -185,8 +189,10 @@ def to_unit(h, xp: Backend = NUMPY):
     The top cell's centre :math:`1 - 2^{-54}` is no float64 and rounds to 1 (one hash in
     :math:`2^{53}`): it is moved to the largest float below 1, where ``-log(-log(u))`` is
     finite."""
-    u = (xp.unit(h) + 0.5) * 2.0**-53
-    return u - (u >= 1.0) * 2.0**-53
+    u = xp.unit(h)                                   # a fresh float64 array: in place
+    u += 0.5
+    u *= 2.0**-53
+    return xp.clip_below_one(u)
 
 
 def uniforms(seed, position, stream: int, counter, xp: Backend = NUMPY):

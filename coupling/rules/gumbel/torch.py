@@ -58,7 +58,8 @@ def target_tokens(
     would exceed one float32 copy of the laws."""
     def score(p_c: torch.Tensor, s_c: torch.Tensor, t_c: torch.Tensor) -> torch.Tensor:
         G = gumbel_noise(s_c, t_c, p_c.shape[-1], dtype=torch.float64, device=p_c.device)
-        return torch.argmax(p_c.to(torch.float64).log() + G, -1)
+        G += p_c.to(torch.float64, copy=True).log_()     # fresh temporaries cost page faults
+        return torch.argmax(G, -1)
 
     n = p_rows.shape[0]
     seeds, positions = (torch.as_tensor(t, device=p_rows.device).expand(n)
