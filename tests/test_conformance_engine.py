@@ -81,7 +81,7 @@ def test_greedy_rows_must_emit_the_argmax_and_leave_the_others_alone():
     report = check_verifier(from_torch(greedy_rows_sampled, greedy=True), draws=3072)
     assert not report.ok and report.p_value == 0.0
     assert report.pairs[-1].greedy_wrong > 0
-    assert "greedy loops strayed from the target's greedy string" in report.table()
+    assert "greedy loops strayed from the target's greedy decoding" in report.table()
 
 
 def test_the_torch_adapter_runs_float32_by_default():
@@ -98,6 +98,9 @@ def test_live_ids_cover_the_special_ids_and_stay_in_range():
     assert {0, 1, 15} <= set(np.concatenate(ids).tolist())
     with pytest.raises(ValueError, match="id_space"):
         live_ids(20, 16, pair=0, seed=0)
+    for bad in (0, 2.5, "16"):
+        with pytest.raises((ValueError, TypeError), match="id_space"):
+            check_verifier(from_rule("token"), id_space=bad, draws=10)
 
 
 def test_a_verifier_that_trips_on_token_zero_fails_with_its_input():

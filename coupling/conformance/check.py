@@ -60,7 +60,7 @@ class PairResult:
     worst: tuple  # up to three (string, observed or verifier probability, target probability)
     noise_tv: float = 0.0  # the plug-in TV a lossless verifier shows here by sampling noise
     greedy_loops: int = 0  # greedy loops run beside the sampled ones (a batched verifier)
-    greedy_wrong: int = 0  # of which strayed from the target's greedy string
+    greedy_wrong: int = 0  # of which strayed from the target's greedy decoding
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ class ConformanceReport:
                 f"{_tv_text(r.tv, r.tv_low, r.tv_high):<26}{r.detectable_tv:>8.3g}{tpc:>9}"
             )
         lines += [f"{r.name}: {r.greedy_wrong} of {r.greedy_loops} greedy loops strayed from "
-                  "the target's greedy string" for r in self.pairs if r.greedy_wrong]
+                  "the target's greedy decoding" for r in self.pairs if r.greedy_wrong]
         verdict = "PASS" if self.ok else "FAIL"
         pv = "" if self.p_value is None else f"p = {self.p_value:.3g} (alpha = {self.alpha:g}), "
         bound = "tolerance" if self.mode == "exact" else "detectable TV"
@@ -315,6 +315,7 @@ def check_verifier(
     V, k = validate_count(vocab_size, "vocab_size"), validate_count(k, "k")
     gammas = as_gammas(gamma)
     length = max(gammas) + 2 if length is None else validate_count(length, "length")
+    id_space = None if id_space is None else validate_count(id_space, "id_space")
     draws = DRAWS if draws is None else validate_count(draws, "draws")
     _check_settings(verify, replacement, alpha, exact)
     pairs = model_pairs(V, k=k, replacement=bool(replacement), seed=seed) if pairs is None \

@@ -45,7 +45,7 @@ __all__ = [
     "sample_counts",
     "Counts",
     "pad_trees",
-    "greedy_string",
+    "is_greedy",
     "exact_law",
     "MAX_TREES",
 ]
@@ -189,23 +189,19 @@ class Counts:
     """What :func:`sample_counts` observed: ``counts [2, V**length]`` of the sampled loops'
     first ``length`` tokens (alternate batches), verification calls and emitted tokens of
     those loops, and the greedy loops run beside them with how many strayed from the
-    target's greedy string (``greedy_example``: the first such string)."""
+    target's greedy decoding."""
 
     counts: np.ndarray
     calls: int
     emitted: int
     greedy_loops: int = 0
     greedy_wrong: int = 0
-    greedy_example: tuple[int, ...] | None = None
 
 
-def greedy_string(target: Laws, length: int) -> tuple[int, ...]:
-    """The target's greedy string of ``length`` tokens (argmax at every step, lowest id on a
-    tie)."""
-    out: tuple[int, ...] = ()
-    while len(out) < length:
-        out += (int(np.argmax(target(out))),)
-    return out
+def is_greedy(target: Laws, string: tuple[int, ...]) -> bool:
+    """Whether every token of ``string`` is a likeliest token of the target after the ones
+    before it (any of them on a tie)."""
+    return all(target(string[:i])[t] == target(string[:i]).max() for i, t in enumerate(string))
 
 
 def pad_trees(trees: list[np.ndarray], laws: list, draft: Laws, rng: np.random.Generator):
@@ -271,13 +267,12 @@ def sample_counts(step: Step, target: Laws, draft: Laws, *, n: int, length: int,
     once per call where it is ``"call"`` (stacked arrays). ``greedy`` more loops per batch
     run beside the sampled ones, flagged by a boolean ``greedy [B]`` keyword (batched layouts
     only; every call of such a run gets the flags, all ``False`` once the greedy loops are
-    done); they must emit the target's greedy string and are not counted.
+    done); they must decode greedily (:func:`is_greedy`) and are not counted.
     """
     V = target(()).size
     draft_rng, verify_rng = rng.spawn(2)
     counts = np.zeros((2, V**length), dtype=np.int64)
     calls = emitted_total = g_loops = g_wrong = 0
-    g_example, g_string = None, greedy_string(target, length) if greedy else None
     for start in range(0, n, batch):
         m = min(batch, n - start)
         flags = np.r_[np.zeros(m, bool), np.ones(greedy, bool)]
@@ -296,13 +291,11 @@ def sample_counts(step: Step, target: Laws, draft: Laws, *, n: int, length: int,
             active = [a for a in active if len(out[a]) < length]
         strings = np.array([o[:length] for o in out[:m]], dtype=np.int64)
         np.add.at(counts[(start // batch) % 2], _index(strings, V), 1)
-        for o in out[m:]:
-            g_loops += 1
-            if tuple(o[:length]) != g_string:
-                g_wrong, g_example = g_wrong + 1, g_example or tuple(o[:length])
+        g_loops += greedy
+        g_wrong += sum(not is_greedy(target, tuple(o[:length])) for o in out[m:])
         if progress is not None:
             progress(m)
-    return Counts(counts, calls, emitted_total, g_loops, g_wrong, g_example)
+    return Counts(counts, calls, emitted_total, g_loops, g_wrong)
 
 
 def _checked_law(law: Law, drafts: np.ndarray, p: np.ndarray, q: np.ndarray,
