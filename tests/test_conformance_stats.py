@@ -101,10 +101,12 @@ LOSSLESS = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize("rule,k,replacement", LOSSLESS)
-@pytest.mark.parametrize("seed", [1, 2])
-def test_every_lossless_rule_passes(rule, k, replacement, seed):
+def test_every_lossless_rule_passes(rule, k, replacement):
+    """Sampled at the default gammas and id space (the exact mode proves the same rules at
+    gamma 2 in tests/test_conformance.py); seed per rule, so the rules see different pairs."""
+    seed = 1 + LOSSLESS.index((rule, k, replacement))
     report = check_verifier(from_rule(rule, replacement=replacement), k=k,
-                            replacement=replacement, draws=2_000, seed=seed, gamma=2)
+                            replacement=replacement, draws=2_000, seed=seed, length=5)
     assert report.ok, report.table()
 
 
