@@ -27,7 +27,11 @@ What runs
 compares the law of the first ``length`` tokens with :func:`coupling.target_law` by a
 multinomial likelihood-ratio test with rare strings pooled (:mod:`.stats`), Bonferroni over
 the pairs at false-positive rate ``alpha``. The report gives the p-value, the worst pair's
-TV with a 95% interval, and the smallest TV the test detects with 90% power.
+TV with a 95% interval, and the smallest TV the test detects with 90% power. By default each
+step drafts 1 to 4 tokens and the tokens sit at ids of a 16-id vocabulary (:mod:`.ids`);
+:func:`from_torch` hands batched verifiers float32 laws, ragged padded batches
+(``ragged=True``) and greedy rows beside sampled ones (``greedy=True``); :mod:`.padded` is an
+engine-style verifier of such batches with two controls.
 
 :mod:`.bugs` reproduces three published verification bugs (vLLM, vllm-ascend, Hugging Face
 transformers) with exact laws, and their fixes; :mod:`.museum` adds more shipped bugs and
