@@ -25,7 +25,7 @@ from .stats import (
 
 __all__ = ["PairResult", "ConformanceReport", "VerifierRaised", "check_verifier", "DRAWS",
            "MAX_STRINGS", "GAMMAS", "ID_SPACE", "looks", "sequential_test", "build_report",
-           "as_gammas"]
+           "as_gammas", "worst_strings"]
 
 
 #: Generation loops per model pair when ``draws`` is not given.
@@ -146,7 +146,9 @@ def _tv_text(tv: float, lo: float, hi: float) -> str:
     return f"{tv:.4f} [{lo:.3f}, {hi:.3f}]"
 
 
-def _worst(probs: np.ndarray, ref: np.ndarray, V: int, L: int) -> tuple:
+def worst_strings(probs: np.ndarray, ref: np.ndarray, V: int, L: int) -> tuple:
+    """The three strings of ``L`` tokens whose probability under ``probs`` is furthest from
+    ``ref`` (laws over the ``V**L`` strings, lexicographic): ``(string, probs, ref)``."""
     top = np.argsort(-np.abs(probs - ref), kind="stable")[:3]
     return tuple((tuple(int(t) for t in np.unravel_index(i, (V,) * L)), float(probs[i]),
                   float(ref[i])) for i in top)
@@ -201,7 +203,7 @@ def sequential_test(sample: Callable[[int, int], np.ndarray], pair: Pair, P: np.
     return PairResult(pair.name, pair.description, done, test.statistic, test.dof,
                       min(1.0, adjusted), tv, lo, hi,
                       detectable_tv(draws, test.dof, level * shares[-1]), None,
-                      _worst(halves.sum(axis=0) / done, P, V, length), noise_tv(P, done))
+                      worst_strings(halves.sum(axis=0) / done, P, V, length), noise_tv(P, done))
 
 
 def _statistical(verify, pair: Pair, P: np.ndarray, *, draws: int, length: int,
@@ -240,7 +242,7 @@ def _exact(law, pair: Pair, P: np.ndarray, *, length: int, gammas: tuple[int, ..
                     k=k, replacement=replacement)
     tv = 0.5 * float(np.abs(out - P).sum())
     return PairResult(pair.name, pair.description, 0, None, 0, None, tv, tv, tv, EXACT_TOL,
-                      None, _worst(out, P, V, length))
+                      None, worst_strings(out, P, V, length))
 
 
 def as_gammas(gamma) -> tuple[int, ...]:

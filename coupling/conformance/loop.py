@@ -47,6 +47,7 @@ __all__ = [
     "pad_trees",
     "is_greedy",
     "exact_law",
+    "propagate",
     "MAX_TREES",
 ]
 
@@ -311,23 +312,36 @@ def _checked_law(law: Law, drafts: np.ndarray, p: np.ndarray, q: np.ndarray,
             for e, w in items if float(w) > 0]
 
 
+def propagate(step: Callable[[tuple[int, ...]], Iterator[tuple[tuple[int, ...], float]]],
+              V: int, length: int) -> np.ndarray:
+    """Exact law (``V**length``, lexicographic) of the first ``length`` tokens of a loop whose
+    step after a context ``ctx`` emits each ``(emission, probability)`` of ``step(ctx)``
+    (the models depend on the context only, so mass is merged by context)."""
+    frontier: dict[tuple[int, ...], float] = {(): 1.0}
+    done = np.zeros(V**length)
+    while frontier:
+        ctx = min(frontier, key=len)  # shortest first: all mass reaching it has arrived
+        mass = frontier.pop(ctx)
+        for em, w in step(ctx):
+            new = (ctx + em)[:length]
+            if len(new) == length:
+                done[int(np.ravel_multi_index(new, (V,) * length))] += mass * w
+            else:
+                frontier[new] = frontier.get(new, 0.0) + mass * w
+    return done
+
+
 def exact_law(law: Law, target: Laws, draft: Laws, *, length: int, gammas: tuple[int, ...],
               k: int, replacement: bool) -> np.ndarray:
     """Exact law (``V**length``, lexicographic) of the first ``length`` emitted tokens, each
     step's gamma uniform over ``gammas``."""
     V = target(()).size
-    frontier: dict[tuple[int, ...], float] = {(): 1.0}
-    done = np.zeros(V**length)
-    while frontier:
-        ctx = min(frontier, key=len)  # shortest first: all mass reaching it has arrived
-        mass = frontier.pop(ctx) / len(gammas)
+
+    def step(ctx: tuple[int, ...]) -> Iterator[tuple[tuple[int, ...], float]]:
         for gamma in gammas:
             for drafts, pr in enumerate_trees(ctx, draft, k, gamma, replacement):
                 p, q = tree_laws(ctx, drafts, target, draft)
                 for em, w in _checked_law(law, drafts, p, q, V):
-                    new = (ctx + em)[:length]
-                    if len(new) == length:
-                        done[int(np.ravel_multi_index(new, (V,) * length))] += mass * pr * w
-                    else:
-                        frontier[new] = frontier.get(new, 0.0) + mass * pr * w
-    return done
+                    yield em, pr * w / len(gammas)
+
+    return propagate(step, V, length)

@@ -32,7 +32,7 @@ True
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -41,10 +41,17 @@ from ..dist import validate_count
 from ..rules import get_rule
 from ..rules.topology import check_tree_rule, walk_topology
 from ..tree import Tree
-from .check import EXACT_TOL, MAX_STRINGS, ConformanceReport, PairResult, build_report
+from .check import (
+    EXACT_TOL,
+    MAX_STRINGS,
+    ConformanceReport,
+    PairResult,
+    build_report,
+    worst_strings,
+)
 from .errors import guarded
 from .generation import check_generation, law_of
-from .loop import Laws
+from .loop import Laws, propagate
 from .pairs import Pair, as_pairs, model_pairs
 from .verifiers import RuleVerifier
 
@@ -142,11 +149,8 @@ def _tree_law(verify, tree: Tree, target: Laws, draft: Laws, V: int, length: int
     """The exact law (``V**length``, lexicographic) of the first ``length`` tokens of the loop
     around ``verify.law``."""
     law = guarded(lambda tokens, p, q: verify.law(tree, tokens, p, q), pair)
-    frontier: dict[tuple[int, ...], float] = {(): 1.0}
-    done = np.zeros(V**length)
-    while frontier:
-        ctx = min(frontier, key=len)          # shortest first: all mass reaching it has arrived
-        mass = frontier.pop(ctx)
+
+    def step(ctx: tuple[int, ...]) -> Iterator[tuple[tuple[int, ...], float]]:
         for tokens, pr in fillings(tree, ctx, draft):
             t = np.array(tokens, dtype=np.int64)
             p, q = _node_laws(target, tree, ctx, t), _node_laws(draft, tree, ctx, t)
@@ -156,14 +160,10 @@ def _tree_law(verify, tree: Tree, target: Laws, draft: Laws, V: int, length: int
                 raise ValueError(f"verify.law must return probabilities that are >= 0 and sum "
                                  f"to 1, got {items!r} for nodes {tokens}")
             for e, w in items:
-                if w <= 0:
-                    continue
-                new = (ctx + tuple(_check_emitted(e, tree, t, V)))[:length]
-                if len(new) == length:
-                    done[int(np.ravel_multi_index(new, (V,) * length))] += mass * pr * w
-                else:
-                    frontier[new] = frontier.get(new, 0.0) + mass * pr * w
-    return done
+                if w > 0:
+                    yield tuple(_check_emitted(e, tree, t, V)), pr * w
+
+    return propagate(step, V, length)
 
 
 def _exact_check(verify, tree: Tree, *, vocab_size: int = 3, length: int = 4, seed: int = 0,
@@ -183,11 +183,8 @@ def _exact_check(verify, tree: Tree, *, vocab_size: int = 3, length: int = 4, se
         P = np.asarray(target_law(pair.target, length), dtype=np.float64)
         out = _tree_law(verify, tree, target, draft, V, length, pair.name)
         tv = 0.5 * float(np.abs(out - P).sum())
-        worst = np.argsort(-np.abs(out - P), kind="stable")[:3]
-        results.append(PairResult(
-            pair.name, pair.description, 0, None, 0, None, tv, tv, tv, EXACT_TOL, None,
-            tuple((tuple(int(x) for x in np.unravel_index(i, (V,) * length)), float(out[i]),
-                   float(P[i])) for i in worst)))
+        results.append(PairResult(pair.name, pair.description, 0, None, 0, None, tv, tv, tv,
+                                  EXACT_TOL, None, worst_strings(out, P, V, length)))
     return build_report(verify, tuple(results), exact=True, alpha=1e-6, draws=0,
                         settings=dict(vocab_size=V, gamma=tree.depth, k=widest,
                                       replacement=tree.children == "iid", length=length,
