@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from coupling import TabularLM, stream_law
+from coupling import RULES, TabularLM, stream_law
 from coupling.conformance import (
     PAIR_NAMES,
     check_verifier,
@@ -17,6 +17,7 @@ from coupling.conformance import (
     torch_rule,
 )
 from coupling.conformance.loop import Laws, enumerate_trees, exact_law, sample_tree
+from coupling.rules import get_rule
 from coupling.testing import assert_sampler_matches_law
 
 
@@ -75,6 +76,35 @@ def test_every_rule_is_exactly_lossless_along_trees(rule, k, replacement):
                             replacement=replacement, exact=True, gamma=2)
     assert report.ok, report.table()
     assert report.tv < 1e-12 and report.mode == "exact" and report.p_value is None
+
+
+# rules that judge the drafted block as a whole, called on the whole tree
+WHOLE = [("block", 1, True), ("traversal", 2, True), ("gbv", 2, True)]
+
+
+@pytest.mark.parametrize("rule,k,replacement", WHOLE)
+def test_whole_block_rules_are_exactly_lossless(rule, k, replacement):
+    report = check_verifier(from_rule(rule, replacement=replacement), k=k,
+                            replacement=replacement, exact=True, gamma=2, id_space=None)
+    assert report.ok and report.tv < 1e-12, report.table()
+
+
+def test_whole_block_negative_control_fails_exactly():
+    bad = from_rule(get_rule("block_plain_residual", controls=True))
+    assert not check_verifier(bad, exact=True, gamma=2, id_space=None).ok
+
+
+@pytest.mark.parametrize("rule", ["block", "traversal"])
+def test_whole_block_rule_samples_its_exact_law(rule):
+    rng = np.random.default_rng(4)
+    k = RULES[rule].max_drafts or 2
+    drafts = np.array([[0, 1], [2, 1]])[:k]
+    p, q = rng.dirichlet(np.ones(3), size=(k, 3)), rng.dirichlet(np.ones(3), size=(k, 2))
+    p[:, 0] = p[0, 0]                 # the branches share the root's laws
+    q[:, 0] = q[0, 0]
+    verify = from_rule(rule)
+    assert abs(sum(verify.law(drafts, p, q).values()) - 1) < 1e-12
+    assert_sampler_matches_law(verify, drafts, p, q, n=20_000, seed=2)
 
 
 def test_exact_law_of_token_matches_the_package_stream_law():

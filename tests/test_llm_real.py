@@ -312,7 +312,7 @@ def test_first_two_tokens_follow_plain_sampling(real, law, feature, draft_int8, 
     target, draft, _, prompt = real
     d = FD.FeatureDrafter(feature) if drafter == "feature" else \
         E.ModelDrafter(draft_int8 if drafter == "trained int8" else draft)
-    counts = counts_for(target, d, prompt, rule, k, n=200)
+    counts = counts_for(target, d, prompt, rule, k, n=120)
     assert pvalue(counts, law) > 1e-3
 
 

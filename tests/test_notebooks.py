@@ -38,6 +38,7 @@ EXPECTED = [
     "05_small_llm_demo",
     "06_trees_and_paths",
     "07_conformance",
+    "08_claims",
 ]
 
 

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import as_distribution, tuple_law
+from ..sequence.paths import propagate
 
 __all__ = [
     "Laws",
@@ -47,7 +48,6 @@ __all__ = [
     "pad_trees",
     "is_greedy",
     "exact_law",
-    "propagate",
     "MAX_TREES",
 ]
 
@@ -310,25 +310,6 @@ def _checked_law(law: Law, drafts: np.ndarray, p: np.ndarray, q: np.ndarray,
         )
     return [(check_emission(np.array(e, dtype=np.int64), drafts, V), float(w))
             for e, w in items if float(w) > 0]
-
-
-def propagate(step: Callable[[tuple[int, ...]], Iterator[tuple[tuple[int, ...], float]]],
-              V: int, length: int) -> np.ndarray:
-    """Exact law (``V**length``, lexicographic) of the first ``length`` tokens of a loop whose
-    step after a context ``ctx`` emits each ``(emission, probability)`` of ``step(ctx)``
-    (the models depend on the context only, so mass is merged by context)."""
-    frontier: dict[tuple[int, ...], float] = {(): 1.0}
-    done = np.zeros(V**length)
-    while frontier:
-        ctx = min(frontier, key=len)  # shortest first: all mass reaching it has arrived
-        mass = frontier.pop(ctx)
-        for em, w in step(ctx):
-            new = (ctx + em)[:length]
-            if len(new) == length:
-                done[int(np.ravel_multi_index(new, (V,) * length))] += mass * w
-            else:
-                frontier[new] = frontier.get(new, 0.0) + mass * w
-    return done
 
 
 def exact_law(law: Law, target: Laws, draft: Laws, *, length: int, gammas: tuple[int, ...],

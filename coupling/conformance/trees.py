@@ -40,6 +40,7 @@ from .. import target_law
 from ..dist import validate_count
 from ..rules import get_rule
 from ..rules.topology import check_tree_rule, walk_topology
+from ..sequence.paths import propagate
 from ..tree import Tree
 from .check import (
     EXACT_TOL,
@@ -51,7 +52,7 @@ from .check import (
 )
 from .errors import guarded
 from .generation import check_generation, law_of
-from .loop import Laws, propagate
+from .loop import Laws
 from .pairs import Pair, as_pairs, model_pairs
 from .verifiers import RuleVerifier
 

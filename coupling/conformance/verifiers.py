@@ -10,6 +10,11 @@ the bonus token from its ``p_gamma``. Lossless because each step is, given the p
 
 The exact form (``law``) replaces each step's sample by the rule's conditional law of the
 output given the drafted tuple, a row of ``rule.joint`` divided by the tuple's probability.
+
+A rule that judges the drafted block as a whole (``rule.unit == "block"``: ``block``,
+``traversal``, ``gbv``) is called on the whole tree instead: it samples through
+``rule.verify_block`` with uniforms from the generator, and its exact law is the rule's own law
+given the tree (``rule.tree_law``, or ``rule.path_law`` for one branch).
 """
 
 from __future__ import annotations
@@ -58,6 +63,11 @@ class RuleVerifier:
     def __call__(self, drafts: np.ndarray, p: np.ndarray, q: np.ndarray,
                  rng: np.random.Generator) -> np.ndarray:
         k, g = drafts.shape
+        if self.rule.unit != "token":
+            coins, u = rng.random((g, k)), rng.random(g + 1)
+            n, j, y = self.rule.verify_block(drafts, p, q, coins, u,
+                                             replacement=self.replacement, validate=False)
+            return np.append(drafts[j, :n], y)
         alive = np.ones(k, dtype=bool)
         for i in range(g):
             idx = np.flatnonzero(alive)
@@ -89,6 +99,8 @@ class RuleVerifier:
     def law(self, drafts: np.ndarray, p: np.ndarray, q: np.ndarray):
         """``{emitted tokens: probability}`` given the draft tree (exactly, from ``joint``)."""
         k, g = drafts.shape
+        if self.rule.unit != "token":
+            return self._block_law(drafts, p, q)
         out: dict[tuple[int, ...], float] = {}
 
         def walk(i: int, alive: np.ndarray, mass: float) -> None:
@@ -106,6 +118,21 @@ class RuleVerifier:
                     out[head + (y,)] = out.get(head + (y,), 0.0) + mass * float(w)
 
         walk(0, np.ones(k, dtype=bool), 1.0)
+        return out
+
+
+    def _block_law(self, drafts: np.ndarray, p: np.ndarray, q: np.ndarray):
+        """The law of a rule that judges the tree as a whole (module doc)."""
+        self.rule.require(drafts.shape[0], self.replacement)
+        if drafts.shape[0] == 1 and hasattr(self.rule, "path_law"):
+            return chain_law(drafts[0], *self.rule.path_law(drafts[0], p[0], q[0]))
+        out: dict[tuple[int, ...], float] = {}
+        for prefix, pr, nxt in self.rule.tree_law(drafts, p, q, self.replacement):
+            if float(pr) <= 0:                # rounding leaves some outcomes at -1e-17
+                continue
+            for y in np.flatnonzero(np.asarray(nxt) > 0).tolist():
+                e = tuple(int(t) for t in prefix) + (y,)
+                out[e] = out.get(e, 0.0) + float(pr) * float(nxt[y])
         return out
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from fractions import Fraction
 
 import numpy as np
@@ -48,6 +48,7 @@ __all__ = [
     "constant_acceptance_efficiency",
     "target_law",
     "stream_law",
+    "propagate",
     "sample_stream",
 ]
 
@@ -198,17 +199,35 @@ def stream_law(rule: str | Rule, target: LanguageModel, draft: LanguageModel,
     T, D, ctx = check_models(target, draft, context)
     V = T(ctx).size
     _check_strings(V, length)
-    one = Fraction(1) if is_exact(T(ctx)) else 1.0
+
+    def step(pre: tuple[int, ...]):
+        return ((emitted, prob) for emitted, _, prob in outcomes(T, D, ctx + pre))
+
+    return propagate(step, V, length, exact=is_exact(T(ctx)))
+
+
+def propagate(step: Callable[[tuple[int, ...]], Iterable[tuple[tuple[int, ...], object]]],
+              V: int, length: int, *, exact: bool = False) -> np.ndarray:
+    """Exact law (``V**length``, lexicographic) of the first ``length`` tokens of a loop whose
+    call after the generated prefix ``pre`` emits each ``(emission, probability)`` of
+    ``step(pre)``. A call depends on its prefix only, so mass is merged by prefix and each
+    prefix is expanded once; ``exact`` keeps Fractions.
+
+    >>> coin = lambda pre: [((0,), 0.5), ((1, 1), 0.5)]
+    >>> propagate(coin, 2, 2).tolist()
+    [0.25, 0.25, 0.0, 0.5]
+    """
+    one = Fraction(1) if exact else 1.0
     frontier = {(): one}
     done: dict = {}
     while frontier:
         pre = min(frontier, key=len)  # shortest first: every merge into it has already happened
         mass = frontier.pop(pre)
-        for emitted, _, prob in outcomes(T, D, ctx + pre):
-            new = (pre + emitted)[:length]
+        for emitted, prob in step(pre):
+            new = (pre + tuple(emitted))[:length]
             bucket = done if len(new) == length else frontier
             bucket[new] = bucket.get(new, 0 * one) + mass * prob
-    out = np.zeros(V**length, dtype=object if isinstance(one, Fraction) else np.float64)
+    out = np.zeros(V**length, dtype=object if exact else np.float64)
     for s, w in done.items():
         out[int(np.ravel_multi_index(s, (V,) * length))] = w
     return out

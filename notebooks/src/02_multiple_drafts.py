@@ -89,12 +89,12 @@ for i, k in enumerate(ks):
 # %% [markdown]
 # ## Ratio to the optimum over random pairs
 #
-# 400 random pairs ($V = 8$, Dirichlet concentrations 0.3 / 1 / 3) and $k \in \{2, 3, 4\}$.
+# 250 random pairs ($V = 8$, Dirichlet concentrations 0.3 / 1 / 3) and $k \in \{2, 3, 4\}$.
 # Each rule is divided by the optimum *of its own draft scheme* (i.i.d. or without
 # replacement). The dashed line is K-SEQ's worst-case factor $1 - 1/e \approx 0.632$.
 
 # %%
-N, KS = 400, (2, 3, 4)
+N, KS = 250, (2, 3, 4)
 P_ = np.empty((N, V))
 Q_ = np.empty((N, V))
 for i in range(N):
@@ -130,7 +130,7 @@ for patch, i in zip(bp["boxes"], range(len(data))):
 axes[0].set_xticks(pos, labels, fontsize=7)
 axes[0].axhline(E_APPROX, ls="--", c="k", lw=1, label="1 - 1/e")
 axes[0].set_ylabel("acceptance / optimal acceptance")
-axes[0].set_title("ratio to the optimum, 400 random pairs")
+axes[0].set_title(f"ratio to the optimum, {N} random pairs")
 axes[0].legend()
 
 for name, c in zip(names, ["C0", "C1", "C2"]):

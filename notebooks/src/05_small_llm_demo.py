@@ -16,7 +16,7 @@
 # block; for `block` the exact conditional expectation given the drafts), and the tokens/s
 # against plain autoregressive sampling measured in the same run.
 #
-# This notebook keeps the run tiny (2 prompts, 24 new tokens, one configuration per rule, a
+# This notebook keeps the run tiny (2 prompts, 16 new tokens, one configuration per rule, a
 # few minutes on 2 CPU cores), so the measured numbers carry sampling noise of roughly $\pm 0.2$ tokens per call;
 # `coupling demo` (8 prompts x 96 tokens) gives the numbers quoted in `docs/RESULTS.md`.
 # Wall-clock speedups on a 135M model on CPU are dominated by per-call overheads; the
@@ -37,7 +37,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 from coupling.llm import demo
 
-PROMPTS, NEW_TOKENS, GAMMA = 2, 24, 4
+PROMPTS, NEW_TOKENS, GAMMA = 2, 16, 4
 # one configuration per rule (k = 2 for the multi-draft rules) keeps the run to a few minutes
 METHODS = ["token", "block", "kseq_k2", "rrs_k2", "optimal_k2", "gumbel"]
 
@@ -123,7 +123,7 @@ ids = tok.apply_chat_template([{"role": "user", "content": prompt_text}], tokeni
 prompt = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 cfg = SamplingConfig(temperature=0.7, top_p=0.95)
 V = target.config.vocab_size
-N = 24
+N = 16
 
 ref = engine.autoregressive(target, prompt, max_new_tokens=N, cfg=cfg, seed=3, gumbel=True).tokens
 runs = {

@@ -1,0 +1,163 @@
+r"""How a draft model with another tokenizer proposes the target's tokens.
+
+Glossary
+--------
+``c``
+    the generated target tokens so far (the target's context); its text is
+    ``target_tok.decode(c)``, and the draft reads the text as ``draft_tok.encode(text)``.
+candidate
+    the ``gamma`` target tokens a call proposes after ``c``.
+:math:`\psi_c`
+    the exact law of the candidate, over :math:`V_{target}^{\gamma}`: a call's *draft law* in
+    the target's vocabulary. Its conditionals :math:`\psi_c(x_i \mid x_{<i})` are what a
+    verifier must divide by.
+
+Two ways to propose (Timor et al., arXiv:2502.05202):
+
+:class:`Retokenized` (the strings of SLEM and SLRS)
+    the draft samples its own tokens after the text; the drafted string is re-encoded by the
+    target's tokenizer and its first ``gamma`` tokens, once final (no further character can
+    change them, :meth:`~coupling.vocab.Tokenizer.final`), are the candidate. Drafting stops
+    there. :math:`\psi_c` sums over every draft tokenization that yields a candidate, the
+    sum whose size grows exponentially with the string (the paper's cost argument for SLRS);
+    here it is enumerated, for small vocabularies.
+:class:`Intersection` (TLI)
+    the draft's law is restricted to the pieces both vocabularies hold and renormalised; its
+    ``gamma`` tokens are target tokens as they are, and :math:`\psi_c` is the product of the
+    restricted conditionals.
+
+Either proposal is a law over target tokens, so any lossless single-path rule of
+:data:`coupling.RULES` verifies it (:mod:`coupling.vocab.exact`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..lm import LanguageModel
+from .tokenizer import Tokenizer, shared_pieces
+
+__all__ = ["Retokenized", "Intersection", "MAX_DRAFT_PATHS"]
+
+#: Largest number of draft paths an exact candidate law may enumerate.
+MAX_DRAFT_PATHS = 200_000
+
+
+def _draft_law(draft: LanguageModel, ctx: tuple[int, ...], V: int) -> np.ndarray:
+    q = np.asarray(draft(ctx), dtype=np.float64)
+    if q.shape != (V,) or not np.isfinite(q).all() or (q < 0).any() or q.sum() <= 0:
+        raise ValueError(f"draft({ctx}) must be a law over the draft's {V} pieces, got {q}")
+    return q / q.sum()
+
+
+@dataclass(frozen=True)
+class Retokenized:
+    """Draft in the draft's tokens, re-encode the string, propose its first ``gamma`` final
+    target tokens (module doc)."""
+
+    draft: LanguageModel
+    draft_tok: Tokenizer
+    target_tok: Tokenizer
+    gamma: int
+    _laws: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def _start(self, c: tuple[int, ...]) -> tuple[int, ...]:
+        return self.draft_tok.encode(self.target_tok.decode(c))
+
+    def _walk(self, c: tuple[int, ...]) -> Iterator[tuple[tuple[int, ...], float]]:
+        """``(candidate, probability)`` per draft path that ends the drafting."""
+        start, seen = self._start(c), [0]
+
+        def rec(drafted: tuple[int, ...], prob: float):
+            cand = self.target_tok.final(self.draft_tok.decode(drafted), self.gamma)
+            if cand is not None:
+                yield cand, prob
+                return
+            seen[0] += 1
+            if seen[0] > MAX_DRAFT_PATHS:
+                raise ValueError(f"the candidate law enumerates more than {MAX_DRAFT_PATHS} "
+                                 "draft paths; lower gamma or use smaller vocabularies")
+            q = _draft_law(self.draft, start + drafted, self.draft_tok.size)
+            for t in np.flatnonzero(q > 0):
+                yield from rec(drafted + (int(t),), prob * float(q[t]))
+
+        yield from rec((), 1.0)
+
+    def candidates(self, c: tuple[int, ...]) -> dict[tuple[int, ...], float]:
+        """:math:`\\psi_c`: ``{candidate: probability}`` (exact, every draft path enumerated;
+        kept per context, as the models depend on the context only)."""
+        c = tuple(c)
+        if c not in self._laws:
+            out: dict[tuple[int, ...], float] = {}
+            for cand, pr in self._walk(c):
+                out[cand] = out.get(cand, 0.0) + pr
+            self._laws[c] = out
+        return self._laws[c]
+
+    def sample(self, c: tuple[int, ...], rng: np.random.Generator) -> tuple[int, ...]:
+        """One candidate, drafted as an engine drafts it."""
+        start, drafted = self._start(tuple(c)), ()
+        while (cand := self.target_tok.final(self.draft_tok.decode(drafted),
+                                             self.gamma)) is None:
+            q = _draft_law(self.draft, start + drafted, self.draft_tok.size)
+            drafted += (int(rng.choice(q.size, p=q)),)
+        return cand
+
+
+@dataclass(frozen=True)
+class Intersection:
+    """Draft only the pieces both vocabularies hold (TLI; module doc)."""
+
+    draft: LanguageModel
+    draft_tok: Tokenizer
+    target_tok: Tokenizer
+    gamma: int
+    _laws: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def _restricted(self, start: tuple[int, ...], drafted: tuple[int, ...]) -> np.ndarray:
+        """The draft's law after ``drafted`` restricted to the shared pieces, over target ids."""
+        q = _draft_law(self.draft, start + drafted, self.draft_tok.size)
+        out = np.zeros(self.target_tok.size)
+        for j, i in shared_pieces(self.target_tok, self.draft_tok).items():
+            out[i] = q[j]
+        if out.sum() <= 0:
+            raise ValueError(f"the draft gives the shared pieces no mass after "
+                             f"{start + drafted}; token-level intersection cannot draft there")
+        return out / out.sum()
+
+    def _to_draft(self) -> Callable[[int], int]:
+        back = {i: j for j, i in shared_pieces(self.target_tok, self.draft_tok).items()}
+        return back.__getitem__
+
+    def candidates(self, c: tuple[int, ...]) -> dict[tuple[int, ...], float]:
+        """:math:`\\psi_c`: ``{candidate: probability}`` (kept per context)."""
+        c = tuple(c)
+        if c in self._laws:
+            return self._laws[c]
+        start = self.draft_tok.encode(self.target_tok.decode(c))
+        to_draft, out = self._to_draft(), {}
+
+        def rec(cand: tuple[int, ...], drafted: tuple[int, ...], prob: float) -> None:
+            if len(cand) == self.gamma:
+                out[cand] = out.get(cand, 0.0) + prob
+                return
+            q = self._restricted(start, drafted)
+            for t in np.flatnonzero(q > 0):
+                rec(cand + (int(t),), drafted + (to_draft(int(t)),), prob * float(q[t]))
+
+        rec((), (), 1.0)
+        self._laws[c] = out
+        return out
+
+    def sample(self, c: tuple[int, ...], rng: np.random.Generator) -> tuple[int, ...]:
+        """One candidate, drafted as an engine drafts it."""
+        start = self.draft_tok.encode(self.target_tok.decode(tuple(c)))
+        to_draft, cand, drafted = self._to_draft(), (), ()
+        while len(cand) < self.gamma:
+            q = self._restricted(start, drafted)
+            t = int(rng.choice(q.size, p=q))
+            cand, drafted = cand + (t,), drafted + (to_draft(t),)
+        return cand
