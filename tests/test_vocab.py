@@ -72,6 +72,16 @@ def test_bad_tokenizers_are_refused(pieces, match):
         Tokenizer(pieces)
 
 
+def test_bad_proposals_are_refused():
+    _, draft = pair(0)
+    with pytest.raises(ValueError, match="gamma"):
+        Retokenized(draft, DRAFT_TOK, TARGET_TOK, 0)
+    with pytest.raises(TypeError, match="draft_tok"):
+        Intersection(draft, ("a", "b"), TARGET_TOK, 2)
+    with pytest.raises(ValueError, match="share no piece"):
+        Intersection(draft, Tokenizer(("x", "y", "z", "xy")), TARGET_TOK, 2)
+
+
 def test_unknown_character_is_named():
     with pytest.raises(ValueError, match="'d'"):
         TARGET_TOK.encode("abd")

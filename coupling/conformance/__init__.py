@@ -48,7 +48,7 @@ generates is tested against the (processed) target's. :func:`check_tree_verifier
 (:mod:`.trees`) runs a verifier of a static draft tree of any shape through that loop.
 """
 
-from .adapters import from_torch, hf_speculative_sampling, torch_rule
+from .adapters import from_torch, hf_assisted_generation, hf_speculative_sampling, torch_rule
 from .bugs import REPRODUCTIONS
 from .check import DRAWS, ConformanceReport, PairResult, VerifierRaised, check_verifier
 from .generation import GenerationRaised, check_generation
@@ -75,6 +75,7 @@ __all__ = [
     "from_torch",
     "torch_rule",
     "hf_speculative_sampling",
+    "hf_assisted_generation",
     "chain_law",
     "model_pairs",
     "Pair",

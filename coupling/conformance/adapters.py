@@ -23,7 +23,14 @@ Hugging Face transformers
 call runs inside ``torch.random.fork_rng`` seeded from the checker's numpy generator: the
 check is reproducible and the caller's global torch state is left alone.
 
-On a CPU both adapters run the wrapped call with one intra-op thread (restored after): the
+:func:`hf_assisted_generation` checks Hugging Face's whole assisted generation in loop mode
+(:func:`check_generation`), the drafting included: ``model.generate(..., assistant_model=,
+do_sample=True)``, with ``tokenizer=`` and ``assistant_tokenizer=`` when the two models
+tokenize differently (transformers then drafts on the pieces both vocabularies hold, Timor et
+al.'s TLI). It returns the pair (the target's law after ``prompt`` and each context, from its
+logits in float64) and the generation loop, so the reference is the model's own law.
+
+On a CPU the adapters run the wrapped call with one intra-op thread (restored after): the
 tensors are tiny, and on a loaded machine several threads make each small op wait for the
 others rather than run faster.
 """
@@ -36,8 +43,10 @@ from contextlib import contextmanager
 import numpy as np
 
 from ..rules import verify
+from .pairs import Pair
 
-__all__ = ["TorchVerifier", "from_torch", "torch_rule", "hf_speculative_sampling"]
+__all__ = ["TorchVerifier", "from_torch", "torch_rule", "hf_speculative_sampling",
+           "hf_assisted_generation"]
 
 
 @contextmanager
@@ -195,3 +204,52 @@ def hf_speculative_sampling(fn: Callable | None = None, **kwargs):
 
     verify.name = "transformers _speculative_sampling" + (f" {kwargs}" if kwargs else "")
     return verify
+
+
+def hf_assisted_generation(model, assistant_model, prompt, *, tokenizer=None,
+                           assistant_tokenizer=None, **generate_kwargs):
+    """``(pair, generate)`` for :func:`check_generation`: Hugging Face assisted generation of
+    ``model`` with ``assistant_model`` after the token ids ``prompt`` (see the module doc).
+
+    ``tokenizer`` and ``assistant_tokenizer`` go to ``generate`` together (assisted generation
+    across vocabularies), ``generate_kwargs`` as they are (``assistant_ensemble_weight=0.5``
+    for DIVERSE's lossy ensemble). The pair's draft is the assistant's law after the prompt
+    alone (the loop drafts by itself and does not read it). Every loop seeds torch's global
+    generator from the checker's, inside ``torch.random.fork_rng``.
+    """
+    import torch
+
+    if (tokenizer is None) != (assistant_tokenizer is None):
+        raise ValueError("pass tokenizer and assistant_tokenizer together (two vocabularies), "
+                         "or neither (one vocabulary)")
+    head = [int(t) for t in prompt]
+    if not head:
+        raise ValueError("prompt is empty: give at least one token id")
+    cross = {} if tokenizer is None else dict(tokenizer=tokenizer,
+                                              assistant_tokenizer=assistant_tokenizer)
+
+    def law(lm, ids: list[int]) -> np.ndarray:
+        with torch.no_grad(), _one_thread("cpu"):
+            logits = lm(torch.tensor([ids])).logits[0, -1].double()
+        return torch.softmax(logits, -1).numpy()
+
+    def target(context) -> np.ndarray:
+        return law(model, head + [int(t) for t in context])
+
+    def draft(context) -> np.ndarray:
+        return law(assistant_model, [int(t) for t in
+                                     (assistant_tokenizer(tokenizer.decode(head)).input_ids
+                                      if cross else head)])
+
+    def generate(tlogits, dlogits, context, max_new_tokens, rng) -> list[int]:
+        ids = torch.tensor([head + [int(t) for t in context]])
+        with torch.random.fork_rng(devices=[]), torch.no_grad(), _one_thread("cpu"):
+            torch.manual_seed(int(rng.integers(2**63 - 1)))
+            out = model.generate(ids, attention_mask=torch.ones_like(ids),
+                                 assistant_model=assistant_model, do_sample=True,
+                                 max_new_tokens=max_new_tokens, **cross, **generate_kwargs)
+        return out[0, ids.shape[1]:].tolist()
+
+    name = "transformers assisted generation" + (" across vocabularies" if cross else "")
+    generate.name = name + (f" {generate_kwargs}" if generate_kwargs else "")
+    return Pair(name, f"after prompt {head}", target, draft), generate

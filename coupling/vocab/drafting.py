@@ -37,13 +37,25 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..lm import LanguageModel
+from ..lm import LanguageModel, check_length
 from .tokenizer import Tokenizer, shared_pieces
 
 __all__ = ["Retokenized", "Intersection", "MAX_DRAFT_PATHS"]
 
 #: Largest number of draft paths an exact candidate law may enumerate.
 MAX_DRAFT_PATHS = 200_000
+
+
+def _check(drafting) -> None:
+    """Validate the fields of a proposal (its class's ``__post_init__``)."""
+    if not callable(drafting.draft):
+        raise TypeError("draft must be a language model, draft(context) -> law over the "
+                        "draft's pieces")
+    for name in ("draft_tok", "target_tok"):
+        if not isinstance(getattr(drafting, name), Tokenizer):
+            raise TypeError(f"{name} must be a coupling.vocab.Tokenizer, got "
+                            f"{type(getattr(drafting, name)).__name__}")
+    check_length(drafting.gamma)
 
 
 def _draft_law(draft: LanguageModel, ctx: tuple[int, ...], V: int) -> np.ndarray:
@@ -63,6 +75,9 @@ class Retokenized:
     target_tok: Tokenizer
     gamma: int
     _laws: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _check(self)
 
     def _start(self, c: tuple[int, ...]) -> tuple[int, ...]:
         return self.draft_tok.encode(self.target_tok.decode(c))
@@ -116,6 +131,12 @@ class Intersection:
     target_tok: Tokenizer
     gamma: int
     _laws: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _check(self)
+        if not shared_pieces(self.target_tok, self.draft_tok):
+            raise ValueError("the two vocabularies share no piece: token-level intersection "
+                             "has nothing to draft; use Retokenized")
 
     def _restricted(self, start: tuple[int, ...], drafted: tuple[int, ...]) -> np.ndarray:
         """The draft's law after ``drafted`` restricted to the shared pieces, over target ids."""
