@@ -25,6 +25,7 @@ import numpy as np
 
 from coupling import SolverError, TabularLM, target_law
 from coupling.vocab import (
+    METHODS,
     Intersection,
     Retokenized,
     optimum,
@@ -34,10 +35,6 @@ from coupling.vocab import (
 )
 
 TARGET_TOK, DRAFT_TOK = toy_tokenizers()
-#: column -> (proposal class, rule)
-METHODS = {"SLEM": (Retokenized, "strict"), "SLRS": (Retokenized, "token"),
-           "block (retok.)": (Retokenized, "block"), "TLI": (Intersection, "token"),
-           "block (inter.)": (Intersection, "block")}
 
 
 def pairs(n: int):

@@ -28,7 +28,7 @@ import numpy as np
 
 from coupling import TabularLM, target_law
 from coupling.vocab import (
-    Intersection,
+    METHODS,
     Retokenized,
     conditionals,
     optimum,
@@ -38,9 +38,6 @@ from coupling.vocab import (
 )
 
 TARGET_TOK, DRAFT_TOK = toy_tokenizers()
-METHODS = {"SLEM": (Retokenized, "strict"), "SLRS": (Retokenized, "token"),
-           "TLI": (Intersection, "token"), "block (retokenized)": (Retokenized, "block"),
-           "block (intersection)": (Intersection, "block")}
 
 
 def pairs():
@@ -69,9 +66,9 @@ def main() -> int:
                 if rule == "block":
                     gap = abs(tokens_per_call(rule, target, drafting) - optimum(target, drafting))
                     ok &= gap < 1e-7
-                    print(f"pair {n}, gamma {gamma}, {name:<21} TV {tv:.1e}, block - LP {gap:.1e}")
+                    print(f"pair {n}, gamma {gamma}, {name:<20} TV {tv:.1e}, block - LP {gap:.1e}")
                 else:
-                    print(f"pair {n}, gamma {gamma}, {name:<21} TV {tv:.1e}")
+                    print(f"pair {n}, gamma {gamma}, {name:<20} TV {tv:.1e}")
     target, draft = next(pairs())
     drafting = Retokenized(draft, DRAFT_TOK, TARGET_TOK, 2)
     first = drafting.candidates(())

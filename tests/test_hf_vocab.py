@@ -97,10 +97,15 @@ def test_installed_assisted_generation_is_lossy_exactly_when_it_permutes_the_dra
     report = check(setup)
     p, q, q_div = divisor(setup)
     assert first_token_tv(p, q, q) < 1e-12          # the same laws, divided right: lossless
-    permuted = not np.allclose(q, q_div)
-    assert report.ok == (not permuted), report.table()
-    if permuted:                                     # the loss is exact, not only sampled
-        assert first_token_tv(p, q, q_div) > 1e-3
+    if np.allclose(q, q_div):                        # this process's order is the id order
+        assert report.ok, report.table()
+        return
+    tv = first_token_tv(p, q, q_div)                 # the loss is exact, not only sampled
+    assert tv > 1e-3
+    # swapping two pieces the target rarely emits loses little (0.013 on this pair): the
+    # sampled check must catch what is well above the TV it can detect
+    if tv > 2 * report.pairs[0].detectable_tv:
+        assert not report.ok, report.table()
 
 
 def test_with_the_logits_in_the_heads_order_it_is_lossless(setup, monkeypatch):

@@ -32,7 +32,7 @@ Either proposal is a law over target tokens, so any lossless single-path rule of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,18 +46,6 @@ __all__ = ["Retokenized", "Intersection", "MAX_DRAFT_PATHS"]
 MAX_DRAFT_PATHS = 200_000
 
 
-def _check(drafting) -> None:
-    """Validate the fields of a proposal (its class's ``__post_init__``)."""
-    if not callable(drafting.draft):
-        raise TypeError("draft must be a language model, draft(context) -> law over the "
-                        "draft's pieces")
-    for name in ("draft_tok", "target_tok"):
-        if not isinstance(getattr(drafting, name), Tokenizer):
-            raise TypeError(f"{name} must be a coupling.vocab.Tokenizer, got "
-                            f"{type(getattr(drafting, name)).__name__}")
-    check_length(drafting.gamma)
-
-
 def _draft_law(draft: LanguageModel, ctx: tuple[int, ...], V: int) -> np.ndarray:
     q = np.asarray(draft(ctx), dtype=np.float64)
     if q.shape != (V,) or not np.isfinite(q).all() or (q < 0).any() or q.sum() <= 0:
@@ -66,9 +54,8 @@ def _draft_law(draft: LanguageModel, ctx: tuple[int, ...], V: int) -> np.ndarray
 
 
 @dataclass(frozen=True)
-class Retokenized:
-    """Draft in the draft's tokens, re-encode the string, propose its first ``gamma`` final
-    target tokens (module doc)."""
+class _Proposal:
+    """The fields, checks and per-context candidate laws both proposals share."""
 
     draft: LanguageModel
     draft_tok: Tokenizer
@@ -77,19 +64,44 @@ class Retokenized:
     _laws: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _check(self)
+        if not callable(self.draft):
+            raise TypeError("draft must be a language model, draft(context) -> law over the "
+                            "draft's pieces")
+        for name in ("draft_tok", "target_tok"):
+            if not isinstance(getattr(self, name), Tokenizer):
+                raise TypeError(f"{name} must be a coupling.vocab.Tokenizer, got "
+                                f"{type(getattr(self, name)).__name__}")
+        check_length(self.gamma)
 
     def _start(self, c: tuple[int, ...]) -> tuple[int, ...]:
+        """The draft's context: the text of ``c`` in the draft's tokens."""
         return self.draft_tok.encode(self.target_tok.decode(c))
 
-    def _walk(self, c: tuple[int, ...]) -> Iterator[tuple[tuple[int, ...], float]]:
-        """``(candidate, probability)`` per draft path that ends the drafting."""
-        start, seen = self._start(c), [0]
+    def candidates(self, c: tuple[int, ...]) -> dict[tuple[int, ...], float]:
+        """:math:`\\psi_c`: ``{candidate: probability}``, exact (kept per context, as the
+        models depend on the context only)."""
+        c = tuple(c)
+        if c not in self._laws:
+            self._laws[c] = self._law(c)
+        return self._laws[c]
 
-        def rec(drafted: tuple[int, ...], prob: float):
+    def _law(self, c: tuple[int, ...]) -> dict[tuple[int, ...], float]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Retokenized(_Proposal):
+    """Draft in the draft's tokens, re-encode the string, propose its first ``gamma`` final
+    target tokens (module doc)."""
+
+    def _law(self, c: tuple[int, ...]) -> dict[tuple[int, ...], float]:
+        """Every draft path that ends the drafting, merged by candidate."""
+        start, seen, out = self._start(c), [0], {}
+
+        def rec(drafted: tuple[int, ...], prob: float) -> None:
             cand = self.target_tok.final(self.draft_tok.decode(drafted), self.gamma)
             if cand is not None:
-                yield cand, prob
+                out[cand] = out.get(cand, 0.0) + prob
                 return
             seen[0] += 1
             if seen[0] > MAX_DRAFT_PATHS:
@@ -97,20 +109,10 @@ class Retokenized:
                                  "draft paths; lower gamma or use smaller vocabularies")
             q = _draft_law(self.draft, start + drafted, self.draft_tok.size)
             for t in np.flatnonzero(q > 0):
-                yield from rec(drafted + (int(t),), prob * float(q[t]))
+                rec(drafted + (int(t),), prob * float(q[t]))
 
-        yield from rec((), 1.0)
-
-    def candidates(self, c: tuple[int, ...]) -> dict[tuple[int, ...], float]:
-        """:math:`\\psi_c`: ``{candidate: probability}`` (exact, every draft path enumerated;
-        kept per context, as the models depend on the context only)."""
-        c = tuple(c)
-        if c not in self._laws:
-            out: dict[tuple[int, ...], float] = {}
-            for cand, pr in self._walk(c):
-                out[cand] = out.get(cand, 0.0) + pr
-            self._laws[c] = out
-        return self._laws[c]
+        rec((), 1.0)
+        return out
 
     def sample(self, c: tuple[int, ...], rng: np.random.Generator) -> tuple[int, ...]:
         """One candidate, drafted as an engine drafts it."""
@@ -123,17 +125,11 @@ class Retokenized:
 
 
 @dataclass(frozen=True)
-class Intersection:
+class Intersection(_Proposal):
     """Draft only the pieces both vocabularies hold (TLI; module doc)."""
 
-    draft: LanguageModel
-    draft_tok: Tokenizer
-    target_tok: Tokenizer
-    gamma: int
-    _laws: dict = field(default_factory=dict, init=False, repr=False, compare=False)
-
     def __post_init__(self) -> None:
-        _check(self)
+        super().__post_init__()
         if not shared_pieces(self.target_tok, self.draft_tok):
             raise ValueError("the two vocabularies share no piece: token-level intersection "
                              "has nothing to draft; use Retokenized")
@@ -153,13 +149,9 @@ class Intersection:
         back = {i: j for j, i in shared_pieces(self.target_tok, self.draft_tok).items()}
         return back.__getitem__
 
-    def candidates(self, c: tuple[int, ...]) -> dict[tuple[int, ...], float]:
-        """:math:`\\psi_c`: ``{candidate: probability}`` (kept per context)."""
-        c = tuple(c)
-        if c in self._laws:
-            return self._laws[c]
-        start = self.draft_tok.encode(self.target_tok.decode(c))
-        to_draft, out = self._to_draft(), {}
+    def _law(self, c: tuple[int, ...]) -> dict[tuple[int, ...], float]:
+        """The product of the restricted conditionals, over every candidate."""
+        start, to_draft, out = self._start(c), self._to_draft(), {}
 
         def rec(cand: tuple[int, ...], drafted: tuple[int, ...], prob: float) -> None:
             if len(cand) == self.gamma:
@@ -170,13 +162,11 @@ class Intersection:
                 rec(cand + (int(t),), drafted + (to_draft(int(t)),), prob * float(q[t]))
 
         rec((), (), 1.0)
-        self._laws[c] = out
         return out
 
     def sample(self, c: tuple[int, ...], rng: np.random.Generator) -> tuple[int, ...]:
         """One candidate, drafted as an engine drafts it."""
-        start = self.draft_tok.encode(self.target_tok.decode(tuple(c)))
-        to_draft, cand, drafted = self._to_draft(), (), ()
+        start, to_draft, cand, drafted = self._start(tuple(c)), self._to_draft(), (), ()
         while len(cand) < self.gamma:
             q = self._restricted(start, drafted)
             t = int(rng.choice(q.size, p=q))

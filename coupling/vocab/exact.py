@@ -7,15 +7,11 @@ target laws are :math:`P_i = p(\cdot \mid c\, x_{<i})`. Speculative decoding wit
 is ordinary speculative decoding in the target's vocabulary, so every lossless rule stays
 lossless; the three methods of Timor et al. (arXiv:2502.05202) are:
 
-======  =================  ========  ====================================================
-method  proposal           rule      verification
-======  =================  ========  ====================================================
-SLEM    :class:`Retokenized`  ``strict``  exact match: the target's own samples, kept while
-                                        they equal the candidate
-SLRS    :class:`Retokenized`  ``token``   rejection sampling against the exact string-level
-                                        law :math:`\psi_c` of the candidate
-TLI     :class:`Intersection` ``token``   rejection sampling on the shared pieces
-======  =================  ========  ====================================================
+* SLEM: :class:`Retokenized` verified by ``strict`` (exact match: the target's own samples,
+  kept while they equal the candidate);
+* SLRS: :class:`Retokenized` verified by ``token`` (rejection sampling against the exact
+  string-level law :math:`\psi_c` of the candidate);
+* TLI: :class:`Intersection` verified by ``token`` (rejection sampling on the shared pieces).
 
 ``block`` on either proposal is the best lossless verifier of the candidate it sees (Sun et
 al.'s optimality of block verification on one path), and its value is the verifier LP's
@@ -38,6 +34,7 @@ from ..lm import LanguageModel
 from ..rules import Rule, get_rule
 from ..sequence.lp import full_information_accepted
 from ..sequence.paths import propagate
+from .drafting import Intersection, Retokenized
 
 __all__ = ["METHODS", "conditionals", "call_law", "stream_law", "tokens_per_call", "optimum",
            "generate"]
@@ -45,9 +42,10 @@ __all__ = ["METHODS", "conditionals", "call_law", "stream_law", "tokens_per_call
 #: ``divide_by(c, x, psi) -> [gamma, V]``: the laws a verifier divides by (:func:`call_law`)
 Divisor = Callable[[tuple[int, ...], tuple[int, ...], dict], np.ndarray]
 
-#: the paper's methods: name -> (proposal class name, rule)
-METHODS = {"slem": ("Retokenized", "strict"), "slrs": ("Retokenized", "token"),
-           "tli": ("Intersection", "token")}
+#: the paper's methods, and block verification of each proposal: name -> (proposal, rule)
+METHODS = {"SLEM": (Retokenized, "strict"), "SLRS": (Retokenized, "token"),
+           "TLI": (Intersection, "token"), "block, re-encoded": (Retokenized, "block"),
+           "block, shared pieces": (Intersection, "block")}
 
 
 def conditionals(psi: dict[tuple[int, ...], float], x: tuple[int, ...], V: int) -> np.ndarray:
