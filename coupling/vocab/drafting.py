@@ -32,8 +32,8 @@ Either proposal is a law over target tokens, so any lossless single-path rule of
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -130,28 +130,34 @@ class Intersection(_Proposal):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not shared_pieces(self.target_tok, self.draft_tok):
+        if not self._shared:
             raise ValueError("the two vocabularies share no piece: token-level intersection "
                              "has nothing to draft; use Retokenized")
+
+    @cached_property
+    def _shared(self) -> dict[int, int]:
+        """``{draft id: target id}`` of the shared pieces."""
+        return shared_pieces(self.target_tok, self.draft_tok)
+
+    @cached_property
+    def _to_draft(self) -> dict[int, int]:
+        """``{target id: draft id}`` of the shared pieces."""
+        return {i: j for j, i in self._shared.items()}
 
     def _restricted(self, start: tuple[int, ...], drafted: tuple[int, ...]) -> np.ndarray:
         """The draft's law after ``drafted`` restricted to the shared pieces, over target ids."""
         q = _draft_law(self.draft, start + drafted, self.draft_tok.size)
         out = np.zeros(self.target_tok.size)
-        for j, i in shared_pieces(self.target_tok, self.draft_tok).items():
-            out[i] = q[j]
+        draft_ids, target_ids = zip(*self._shared.items(), strict=True)
+        out[list(target_ids)] = q[list(draft_ids)]
         if out.sum() <= 0:
             raise ValueError(f"the draft gives the shared pieces no mass after "
                              f"{start + drafted}; token-level intersection cannot draft there")
         return out / out.sum()
 
-    def _to_draft(self) -> Callable[[int], int]:
-        back = {i: j for j, i in shared_pieces(self.target_tok, self.draft_tok).items()}
-        return back.__getitem__
-
     def _law(self, c: tuple[int, ...]) -> dict[tuple[int, ...], float]:
         """The product of the restricted conditionals, over every candidate."""
-        start, to_draft, out = self._start(c), self._to_draft(), {}
+        start, to_draft, out = self._start(c), self._to_draft, {}
 
         def rec(cand: tuple[int, ...], drafted: tuple[int, ...], prob: float) -> None:
             if len(cand) == self.gamma:
@@ -159,16 +165,16 @@ class Intersection(_Proposal):
                 return
             q = self._restricted(start, drafted)
             for t in np.flatnonzero(q > 0):
-                rec(cand + (int(t),), drafted + (to_draft(int(t)),), prob * float(q[t]))
+                rec(cand + (int(t),), drafted + (to_draft[int(t)],), prob * float(q[t]))
 
         rec((), (), 1.0)
         return out
 
     def sample(self, c: tuple[int, ...], rng: np.random.Generator) -> tuple[int, ...]:
         """One candidate, drafted as an engine drafts it."""
-        start, to_draft, cand, drafted = self._start(tuple(c)), self._to_draft(), (), ()
+        start, to_draft, cand, drafted = self._start(tuple(c)), self._to_draft, (), ()
         while len(cand) < self.gamma:
             q = self._restricted(start, drafted)
             t = int(rng.choice(q.size, p=q))
-            cand, drafted = cand + (t,), drafted + (to_draft(t),)
+            cand, drafted = cand + (t,), drafted + (to_draft[t],)
         return cand
