@@ -92,20 +92,3 @@ def fit_pvalue(generated: torch.Tensor, law: dict[tuple[int, int], float]) -> fl
         eo.append(e[~big].sum())
     return float(stats.chisquare(co, eo).pvalue)
 
-
-def hf_tokenizer(tok):
-    """A ``PreTrainedTokenizerFast`` with the pieces of the ``coupling.vocab.Tokenizer`` ``tok``
-    (ids kept): BPE whose merges build each two-character piece from its characters, in piece
-    order, and a decoder that concatenates. On the toy tokenizers its encoding is ``tok``'s
-    greedy longest match."""
-    from tokenizers import Tokenizer as RawTokenizer
-    from tokenizers import decoders, models
-    from transformers import PreTrainedTokenizerFast
-
-    if any(len(p) > 2 for p in tok.pieces):
-        raise ValueError("hf_tokenizer builds merges for pieces of at most two characters")
-    vocab = {p: i for i, p in enumerate(tok.pieces)}
-    raw = RawTokenizer(models.BPE(vocab=vocab, merges=[(p[0], p[1]) for p in tok.pieces
-                                                       if len(p) == 2]))
-    raw.decoder = decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=raw, clean_up_tokenization_spaces=False)

@@ -20,9 +20,9 @@ from transformers.generation import candidate_generator
 
 from coupling import RULES
 from coupling.conformance import check_generation, hf_assisted_generation
-from coupling.vocab import toy_tokenizers
+from coupling.vocab import to_transformers, toy_tokenizers
 
-from .hf_helpers import hf_tokenizer, one_thread, tiny_llama  # noqa: F401  (fixture)
+from .hf_helpers import one_thread, tiny_llama  # noqa: F401  (fixture)
 
 TARGET_TOK, DRAFT_TOK = toy_tokenizers()
 PROMPT = [3, 2]                       # "abc"
@@ -32,7 +32,7 @@ PROMPT = [3, 2]                       # "abc"
 def setup():
     target = tiny_llama(0, vocab=TARGET_TOK.size, init=0.5)
     assistant = tiny_llama(1, vocab=DRAFT_TOK.size, init=0.5)
-    return target, assistant, hf_tokenizer(TARGET_TOK), hf_tokenizer(DRAFT_TOK)
+    return target, assistant, to_transformers(TARGET_TOK), to_transformers(DRAFT_TOK)
 
 
 def test_toy_tokenizers_encode_as_the_package_does(setup):

@@ -21,6 +21,7 @@ from coupling.vocab import (
     optimum,
     shared_pieces,
     stream_law,
+    to_transformers,
     tokens_per_call,
     toy_tokenizers,
 )
@@ -80,6 +81,13 @@ def test_bad_proposals_are_refused():
         Intersection(draft, ("a", "b"), TARGET_TOK, 2)
     with pytest.raises(ValueError, match="share no piece"):
         Intersection(draft, Tokenizer(("x", "y", "z", "xy")), TARGET_TOK, 2)
+
+
+def test_to_transformers_refuses_what_it_cannot_build():
+    with pytest.raises(TypeError, match="coupling.vocab.Tokenizer"):
+        to_transformers(("a", "b"))
+    with pytest.raises(ValueError, match="at most two characters"):
+        to_transformers(Tokenizer(("a", "b", "abb")))
 
 
 def test_unknown_character_is_named():

@@ -28,8 +28,8 @@ from .exact import (
     stream_law,
     tokens_per_call,
 )
-from .tokenizer import Tokenizer, shared_pieces, toy_tokenizers
+from .tokenizer import Tokenizer, shared_pieces, to_transformers, toy_tokenizers
 
-__all__ = ["Tokenizer", "shared_pieces", "toy_tokenizers", "Retokenized", "Intersection",
-           "MAX_DRAFT_PATHS", "METHODS", "conditionals", "call_law", "stream_law",
+__all__ = ["Tokenizer", "shared_pieces", "toy_tokenizers", "to_transformers", "Retokenized",
+           "Intersection", "MAX_DRAFT_PATHS", "METHODS", "conditionals", "call_law", "stream_law",
            "tokens_per_call", "optimum", "generate"]

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
-__all__ = ["Tokenizer", "shared_pieces", "toy_tokenizers"]
+__all__ = ["Tokenizer", "shared_pieces", "toy_tokenizers", "to_transformers"]
 
 
 @dataclass(frozen=True)
@@ -108,3 +108,27 @@ def toy_tokenizers() -> tuple[Tokenizer, Tokenizer]:
     """``(target, draft)`` over the alphabet ``abc``: the target merges ``ab`` and ``bc``, the
     draft merges ``ca``; they share the three characters."""
     return Tokenizer(("a", "b", "c", "ab", "bc")), Tokenizer(("a", "b", "c", "ca"))
+
+
+def to_transformers(tok: Tokenizer):
+    """``tok`` as a Hugging Face ``PreTrainedTokenizerFast`` (ids kept), to run an engine's
+    own cross-vocabulary code on the toy vocabularies.
+
+    A BPE model whose merges build each two-character piece from its characters, in piece
+    order, and a decoder that concatenates; on :func:`toy_tokenizers` it encodes as ``tok``
+    does (greedy longest match). Needs the ``tokenizers`` and ``transformers`` packages.
+    """
+    if not isinstance(tok, Tokenizer):
+        raise TypeError(f"tok must be a coupling.vocab.Tokenizer, got {type(tok).__name__}")
+    if tok.max_len > 2:
+        raise ValueError("to_transformers builds merges for pieces of at most two characters; "
+                         f"{tok.pieces} has longer ones")
+    from tokenizers import Tokenizer as RawTokenizer
+    from tokenizers import decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {p: i for i, p in enumerate(tok.pieces)}
+    raw = RawTokenizer(models.BPE(vocab=vocab, merges=[(p[0], p[1]) for p in tok.pieces
+                                                       if len(p) == 2]))
+    raw.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=raw, clean_up_tokenization_spaces=False)
