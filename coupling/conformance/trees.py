@@ -54,7 +54,7 @@ from .errors import guarded
 from .generation import check_generation, law_of
 from .loop import Laws
 from .pairs import Pair, as_pairs, model_pairs
-from .verifiers import RuleVerifier
+from .verifiers import RuleVerifier, tree_law_emissions
 
 __all__ = ["check_tree_verifier", "from_tree_rule", "tree_generation", "fill_tree"]
 
@@ -216,13 +216,9 @@ class _TreeRule:
         d = np.asarray(drafts, dtype=np.int64)
         P, Q = (np.asarray(x, dtype=np.float64) for x in (p, q))
         P, Q = P / P.sum(-1, keepdims=True), Q / Q.sum(-1, keepdims=True)
-        out: dict[tuple[int, ...], float] = {}
         if self.rule.unit != "token":         # judged as a whole: its law given the tree
-            for prefix, pr, nxt in self.rule.topology_law(tree, d, P, Q):
-                for y in np.flatnonzero(np.asarray(nxt) > 0).tolist():
-                    e = tuple(int(t) for t in prefix) + (y,)
-                    out[e] = out.get(e, 0.0) + float(pr) * float(nxt[y])
-            return out
+            return tree_law_emissions(self.rule.topology_law(tree, d, P, Q))
+        out: dict[tuple[int, ...], float] = {}
         step = self.steps[tree.children == "iid"]
 
         def walk(S: list[int], head: tuple[int, ...], mass: float) -> None:

@@ -25,7 +25,7 @@ import numpy as np
 
 from .. import RULES, tuple_law
 
-__all__ = ["RuleVerifier", "from_rule", "chain_law"]
+__all__ = ["RuleVerifier", "from_rule", "chain_law", "tree_law_emissions"]
 
 
 def chain_law(x: np.ndarray, tau: np.ndarray, nxt: np.ndarray) -> dict[tuple[int, ...], float]:
@@ -43,6 +43,21 @@ def chain_law(x: np.ndarray, tau: np.ndarray, nxt: np.ndarray) -> dict[tuple[int
         for y, w in enumerate(nxt[n]):
             if w > 0:
                 out[head[:n] + (y,)] = out.get(head[:n] + (y,), 0.0) + float(pn * w)
+    return out
+
+
+def tree_law_emissions(law) -> dict[tuple[int, ...], float]:
+    """``{emitted tokens: probability}`` from a rule's law given a tree, ``(accepted prefix,
+    probability, law of the next token)`` triples (:data:`coupling.rules.trie.TreeLaw`).
+
+    >>> tree_law_emissions([((2,), 0.5, np.array([0.0, 1.0])), ((), 0.5, np.array([0.5, 0.5]))])
+    {(2, 1): 0.5, (0,): 0.25, (1,): 0.25}
+    """
+    out: dict[tuple[int, ...], float] = {}
+    for prefix, pr, nxt in law:
+        for y in np.flatnonzero(np.asarray(nxt) > 0).tolist():
+            e = tuple(int(t) for t in prefix) + (y,)
+            out[e] = out.get(e, 0.0) + float(pr) * float(nxt[y])
     return out
 
 
@@ -126,14 +141,9 @@ class RuleVerifier:
         self.rule.require(drafts.shape[0], self.replacement)
         if drafts.shape[0] == 1 and hasattr(self.rule, "path_law"):
             return chain_law(drafts[0], *self.rule.path_law(drafts[0], p[0], q[0]))
-        out: dict[tuple[int, ...], float] = {}
-        for prefix, pr, nxt in self.rule.tree_law(drafts, p, q, self.replacement):
-            if float(pr) <= 0:                # rounding leaves some outcomes at -1e-17
-                continue
-            for y in np.flatnonzero(np.asarray(nxt) > 0).tolist():
-                e = tuple(int(t) for t in prefix) + (y,)
-                out[e] = out.get(e, 0.0) + float(pr) * float(nxt[y])
-        return out
+        # rounding leaves some outcomes at -1e-17, which the loop's check refuses
+        return tree_law_emissions(o for o in self.rule.tree_law(drafts, p, q, self.replacement)
+                                  if float(o[1]) > 0)
 
 
 def from_rule(rule, *, replacement: bool = True) -> RuleVerifier:
