@@ -13,7 +13,8 @@ Publish this folder in a model repository and call::
 It runs :func:`coupling.hf.generate` (the same code as
 ``generate(custom_generate=coupling.hf.generate)``): ``rule`` is any lossless rule of
 ``coupling.RULES`` (``sorted(n for n, r in coupling.RULES.items() if r.lossless)``), and
-``tree=`` a :class:`coupling.Tree`; every row's output has the law of plain
+``tree=`` a :class:`coupling.Tree`, ``tokenizer=`` and ``assistant_tokenizer=`` an assistant
+with another tokenizer; every row's output has the law of plain
 ``generate(do_sample=True)`` with the same arguments.
 """
 
@@ -23,5 +24,15 @@ from coupling.hf import generate as coupling_generate
 
 
 def generate(model, *args, **kwargs):
-    """``generate``'s own preparation, then the decoding loop of ``coupling.hf.generate``."""
+    """``generate``'s own preparation, then the decoding loop of ``coupling.hf.generate``.
+
+    An assistant with another tokenizer takes transformers' ``tokenizer=`` and
+    ``assistant_tokenizer=`` here; they go on as ``tokenizers=`` (``generate`` hands a
+    decoding callable neither)."""
+    pair = kwargs.pop("tokenizer", None), kwargs.pop("assistant_tokenizer", None)
+    if any(t is not None for t in pair):
+        if any(t is None for t in pair):
+            raise ValueError("pass tokenizer= and assistant_tokenizer= together: the target's "
+                             "and the assistant's tokenizers")
+        kwargs["tokenizers"] = pair
     return GenerationMixin.generate(model, *args, custom_generate=coupling_generate, **kwargs)

@@ -29,6 +29,13 @@ processors that cannot be are refused), ``q`` is the law the drafts were drawn f
 plain ``generate`` checks them. ``do_sample=False`` with ``token`` or ``block`` is greedy
 decoding, token for token.
 
+Another tokenizer. With ``tokenizers=(tokenizer, assistant_tokenizer)`` the assistant may
+use another vocabulary: it drafts the pieces both share, its law restricted to them and
+renormalised over the target's ids (Timor et al.'s TLI), one chain per row, and its context is
+the row's text re-encoded at every step (:mod:`.vocab`). Models with sliding-window layers
+run while a row's cache fits in the window (there they attend as full layers do) and are
+refused past it.
+
 Batches. Rows accept different numbers of tokens per step: the caches hold them as a padded
 ``DynamicCache`` whose rejected columns are masked like left padding (:mod:`.ragged`); rows
 that stop leave the batch. Every random choice of a row is keyed by ``(seed of the row,
@@ -41,6 +48,7 @@ from .decode import generate
 from .options import GREEDY_RULES, Options, check_options, row_seeds
 from .output import SpeculativeDecoderOnlyOutput
 from .processors import CONTEXT_FREE, ROW_WISE, Laws, check_processors
+from .vocab import Retokenizer, shared_token_ids
 
 __all__ = [
     "generate",
@@ -53,4 +61,6 @@ __all__ = [
     "check_processors",
     "CONTEXT_FREE",
     "ROW_WISE",
+    "Retokenizer",
+    "shared_token_ids",
 ]

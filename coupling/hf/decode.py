@@ -16,6 +16,7 @@ from .options import Options, check_options, row_seeds
 from .output import SpeculativeDecoderOnlyOutput, Stats
 from .processors import Laws
 from .ragged import RaggedCache, check_cache
+from .vocab import Retokenizer, check_tokenizers
 
 __all__ = ["generate"]
 
@@ -28,7 +29,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
              generation_config=None, synced_gpus: bool = False, streamer=None,
              assistant_model=None, *, rule: str = "block", num_drafts: int = 1, gamma: int = 4,
              replacement: bool = True, seed: int | Sequence[int] | torch.Tensor | None = None,
-             tree: Tree | None = None, **model_kwargs):
+             tree: Tree | None = None, tokenizers: tuple | None = None, **model_kwargs):
     """Speculative decoding with a verification rule of :mod:`coupling`, inside ``generate``.
 
     Called by ``model.generate(input_ids, assistant_model=draft,
@@ -52,6 +53,11 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
         ...: :func:`coupling.rules.topology.check_tree_rule`). Each step drafts it level by
         level (:func:`.drafting.draft_topology`) and scores it in one target call, one model
         row per root-to-leaf path.
+    tokenizers : ``(tokenizer, assistant_tokenizer)`` for an assistant with another tokenizer:
+        it drafts the pieces both vocabularies share, one chain per row (:mod:`.vocab`).
+        transformers hands a ``custom_generate`` callable neither ``tokenizer=`` nor
+        ``assistant_tokenizer=``, so they travel together under this name (the Hub folder
+        ``custom_generate/`` also takes transformers' two names).
     """
     if generation_config is None or logits_processor is None or stopping_criteria is None:
         raise TypeError("coupling.hf.generate is a decoding method: call it as "
@@ -60,13 +66,18 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
     draft = assistant_model if assistant_model is not None else found.get("assistant_model")
     streamer = streamer if streamer is not None else found.get("streamer")
     opts = check_options(rule, num_drafts, gamma, replacement, generation_config.do_sample, tree)
+    if tokenizers is not None:
+        tokenizers = check_tokenizers(tokenizers)
+        if opts.num_drafts != 1 or opts.tree is not None:
+            raise ValueError("an assistant with another tokenizer drafts one chain per row: "
+                             "pass num_drafts=1 and no tree= with tokenizers=")
     mask = _check_call(model, draft, input_ids, generation_config, model_kwargs, streamer,
-                       synced_gpus)
+                       synced_gpus, tokenizers is not None)
     cache = check_cache(model_kwargs.get("cache", model_kwargs.get("past_key_values")), "target")
     laws = Laws(logits_processor, input_ids.shape[0], greedy=not opts.do_sample)
     run = _Run(model, draft, cache, input_ids, mask, laws,
                stopping_criteria, generation_config, opts, row_seeds(seed, input_ids.shape[0]),
-               streamer)
+               streamer, tokenizers)
     while run.rows.numel():
         run.step()
     return run.output(input_ids)
@@ -99,7 +110,7 @@ def _generate_call_arguments() -> dict:
 
 
 def _check_call(model, draft, input_ids, config, model_kwargs, streamer,
-                synced_gpus) -> torch.Tensor:
+                synced_gpus, cross_vocab: bool) -> torch.Tensor:
     """Refuse what the loop cannot run exactly; return the prompt's attention mask."""
     if draft is None:
         raise ValueError("coupling.hf.generate verifies a draft model's tokens: pass "
@@ -107,10 +118,10 @@ def _check_call(model, draft, input_ids, config, model_kwargs, streamer,
     if model.config.is_encoder_decoder or draft.config.is_encoder_decoder:
         raise ValueError("coupling.hf.generate supports decoder-only models")
     vt, vd = (m.config.get_text_config().vocab_size for m in (model, draft))
-    if vt != vd:
-        raise ValueError(f"the draft's vocabulary has {vd} tokens and the target's {vt}: the "
-                         "rules compare the two laws token by token, so the draft must share the "
-                         "target's tokenizer and vocabulary")
+    if vt != vd and not cross_vocab:
+        raise ValueError(f"the draft's vocabulary has {vd} tokens and the target's {vt}: pass "
+                         "tokenizers=(tokenizer, assistant_tokenizer) to draft the pieces the "
+                         "two share, or use a draft with the target's tokenizer")
     if draft.device != model.device:
         raise ValueError(f"the draft is on {draft.device} and the target on {model.device}; "
                          "put both on one device")
@@ -152,7 +163,7 @@ class _Run:
     """
 
     def __init__(self, model, draft, cache, input_ids, mask, laws: Laws, criteria, config,
-                 opts: Options, seeds: torch.Tensor, streamer) -> None:
+                 opts: Options, seeds: torch.Tensor, streamer, tokenizers=None) -> None:
         B, P = input_ids.shape
         dev = input_ids.device
         self.leaves = Leaves.of(opts.tree, dev) if opts.tree is not None else None
@@ -176,8 +187,18 @@ class _Run:
                                   "draft")
         self.target = RaggedCache(model, cache, B, dev)
         self.draft = RaggedCache(draft, draft_cache, B, dev)
+        self.retok = None if tokenizers is None else Retokenizer(
+            tokenizers, model.config.get_text_config().vocab_size,
+            draft.config.get_text_config().vocab_size,
+            [ids[m > 0].tolist() for ids, m in zip(input_ids, mask, strict=True)], dev)
+        for c in (self.target, self.draft):   # a sliding layer is exact within its window
+            if c.window is not None and self.limit + g + 1 >= c.window:
+                raise ValueError(f"max_length={self.limit} and gamma={g} reach past the "
+                                 f"{c.window}-token sliding window of {type(c.model).__name__}'s "
+                                 "layers; coupling.hf.generate is exact within it: lower "
+                                 "max_new_tokens")
         if P > 1:  # the last prompt token is fed with the first drafts
-            for c in (self.target, self.draft):
+            for c in (self.target,) if self.retok else (self.target, self.draft):
                 c.forward(input_ids[:, :-1], mask[:, :-1], last_only=True)
         if k > 1:
             rep = torch.arange(B, device=dev).repeat_interleave(k)
@@ -193,11 +214,14 @@ class _Run:
         cur = self.cur.repeat_interleave(k)
         ext = self.seq.repeat_interleave(k, 0)  # each branch's sequence; drafts go after it
         batch_rows = self.rows.repeat_interleave(k)
-        args = (self.draft, self.laws, self.opts, self.feed, ext, cur, batch_rows, self.seeds,
+        feed = self.feed if self.retok is None else self.retok.sync(self.draft)
+        args = (self.draft, self.laws, self.opts, feed, ext, cur, batch_rows, self.seeds,
                 self.real)
         if self.leaves is None:
-            tree = draft_tree(*args)
+            tree = draft_tree(*args, vocab=self.retok)
             drafts, q = tree.drafts, tree.q
+            if self.retok is not None:     # the assistant was fed every draft but the last
+                self.retok.drafted(self.retok.draft_ids(drafts[:, 0, :g - 1]))
             real = None
         else:
             drafts, q = draft_topology(*args)
@@ -231,7 +255,8 @@ class _Run:
             self.target.select(follow)
             self.draft.select(follow)
         self.target.keep(g + 1, (n + 1).repeat_interleave(k))
-        self.draft.keep(g - 1, n.clamp(max=g - 1).repeat_interleave(k))
+        if self.retok is None:     # else the next sync drops what the new context does not hold
+            self.draft.keep(g - 1, n.clamp(max=g - 1).repeat_interleave(k))
         emitted = self._emit(verdict.tokens, n + 1, scores.view(A * k, g + 1, V)[chosen],
                              raw[chosen])
         self._next_feed(last, verdict.next_token, n)
@@ -249,8 +274,11 @@ class _Run:
         stop = _first_stops(self.criteria, self.seq, self.cur, count, scores, self.limit)
         kept = torch.where(stop >= 0, stop + 1, count)
         keep_scores = self.config.output_scores or self.config.output_logits
+        emitted = [tokens[a, :m].tolist() for a, m in enumerate(kept.tolist())]
+        if self.retok is not None:
+            self.retok.emitted(emitted)
         for a, (row, m) in enumerate(zip(self.rows.tolist(), kept.tolist(), strict=True)):
-            self.out[row].extend(tokens[a, :m].tolist())
+            self.out[row].extend(emitted[a])
             if keep_scores:  # copies: a view would keep the step's rejected positions alive
                 self.kept_scores[row].extend(zip(scores[a, :m].clone(), raw[a, :m].clone(),
                                                  strict=True))
@@ -284,6 +312,8 @@ class _Run:
         for name in ("rows", "seq", "cur", "real", "seeds"):
             setattr(self, name, getattr(self, name)[alive])
         self.feed = tuple(t[model_rows] for t in self.feed)
+        if self.retok is not None:
+            self.retok.select(alive.tolist())
         if alive.numel():
             self.target.select(model_rows)
             self.draft.select(model_rows)

@@ -30,6 +30,7 @@ from ..torch_backend import sample_rows, uniforms
 from .options import Options
 from .processors import Laws
 from .ragged import RaggedCache
+from .vocab import Retokenizer
 
 __all__ = ["Chains", "Leaves", "draft_tree", "draft_topology", "draw"]
 
@@ -44,14 +45,17 @@ class Chains:
 
 def draft_tree(draft: RaggedCache, laws: Laws, opts: Options, feed: tuple[torch.Tensor, ...],
                ext: torch.Tensor, cur: torch.Tensor, batch_rows: torch.Tensor,
-               seeds: torch.Tensor, starts: torch.Tensor) -> Chains:
+               seeds: torch.Tensor, starts: torch.Tensor,
+               vocab: Retokenizer | None = None) -> Chains:
     """Draft every branch of every row.
 
     ``feed = (tokens, real)`` ``[R, m]``: what the draft cache still lacks before the first
     drafted token. ``ext [R, L]``: each model row's sequence as plain ``generate`` holds it, in
     its first ``cur[r]`` columns; the drafts are written after it (the context of the next
     law), ``batch_rows [R]`` the input batch row of each. ``seeds``, ``starts`` ``[B]``: the
-    rows' seeds and first drafted positions.
+    rows' seeds and first drafted positions. ``vocab``: an assistant with another tokenizer
+    (:mod:`.vocab`), whose logits are restricted to the shared pieces, as target ids, and
+    which is fed its own ids of the pieces drafted.
     """
     k, g = opts.num_drafts, opts.gamma
     R = ext.shape[0]
@@ -63,6 +67,8 @@ def draft_tree(draft: RaggedCache, laws: Laws, opts: Options, feed: tuple[torch.
     drafts, qs = [], []
     for i in range(g):
         logits = draft.forward(tokens, real, last_only=True)[:, 0]
+        if vocab is not None:
+            logits = vocab.logits(logits)
         _, q = laws(ext, cur + i, batch_rows, logits)
         if i == 0 and k > 1:  # one context: every branch's first law is branch 0's, bit for bit
             q = q[::k].repeat_interleave(k, 0)
@@ -70,7 +76,8 @@ def draft_tree(draft: RaggedCache, laws: Laws, opts: Options, feed: tuple[torch.
         ext[rows, cur + i] = x
         drafts.append(x)
         qs.append(q)
-        tokens, real = x.unsqueeze(1), torch.ones_like(x).unsqueeze(1)
+        fed = x if vocab is None else vocab.draft_ids(x)
+        tokens, real = fed.unsqueeze(1), torch.ones_like(x).unsqueeze(1)
     B = R // k
     return Chains(torch.stack(drafts, 1).view(B, k, g), torch.stack(qs, 1).view(B, k, g, -1))
 

@@ -26,7 +26,7 @@ __all__ = ["RaggedCache", "check_cache"]
 
 
 def check_cache(cache: object, who: str) -> DynamicCache:
-    """``cache`` if it is a full-attention ``DynamicCache``, else ``ValueError``."""
+    """``cache`` if it is a ``DynamicCache`` of attention layers, else ``ValueError``."""
     if cache is None:
         raise ValueError(
             f"coupling.hf.generate needs a KV cache for the {who}: call generate with "
@@ -35,11 +35,22 @@ def check_cache(cache: object, who: str) -> DynamicCache:
         raise ValueError(
             f"the {who}'s cache is a {type(cache).__name__}; coupling.hf.generate keeps rows of "
             "different lengths in a DynamicCache (leave cache_implementation unset)")
-    if any(cache.is_sliding) or any(getattr(cache, "is_linear", [])):
+    if any(getattr(cache, "is_linear", [])):
         raise ValueError(
-            f"the {who} has sliding-window or linear-attention cache layers; coupling.hf.generate "
-            "masks rejected drafts out of a full-attention cache and supports only those")
+            f"the {who} has linear-attention cache layers; coupling.hf.generate masks rejected "
+            "drafts out of an attention cache and supports only those")
     return cache
+
+
+def sliding_window(cache: DynamicCache) -> int | None:
+    """The smallest sliding window of the cache's layers (``None`` if none slides).
+
+    A sliding layer keeps the last ``window - 1`` columns; while a row's columns (holes
+    included) fit in them, it attends to every one, as a full-attention layer does, so the
+    run is exact there and refused beyond (:meth:`RaggedCache.forward`)."""
+    windows = [layer.sliding_window for layer, sliding in zip(cache.layers, cache.is_sliding,
+                                                              strict=True) if sliding]
+    return min(windows) if windows else None
 
 
 class RaggedCache:
@@ -52,6 +63,7 @@ class RaggedCache:
     def __init__(self, model, cache: DynamicCache, rows: int, device: torch.device) -> None:
         self.model = model
         self.cache = cache
+        self.window = sliding_window(cache)
         self.mask = torch.zeros(rows, 0, dtype=torch.long, device=device)
         self.lengths = torch.zeros(rows, dtype=torch.long, device=device)
         params = inspect.signature(model.forward).parameters
@@ -67,6 +79,13 @@ class RaggedCache:
         return float32 logits ``[R, m, V]`` (``[R, 1, V]``, the last position's, with
         ``last_only``)."""
         real = real.to(torch.long)
+        columns = self.mask.shape[1] + real.shape[1]
+        if self.window is not None and columns >= self.window:
+            name = type(self.model).__name__
+            raise ValueError(f"the run needs {columns} cache columns, but {name}'s sliding "
+                             f"layers keep {self.window - 1}: lower "
+                             "max_new_tokens, or run rows whose lengths differ less in "
+                             "separate batches")
         steps = real.cumsum(1)
         # a hole's position id is never read (its key is masked): the row's last real position
         position_ids = (self.lengths.unsqueeze(1) + steps - 1).clamp_(min=0)
@@ -90,6 +109,23 @@ class RaggedCache:
         drop = torch.arange(new, device=tail.device).unsqueeze(0) >= kept.unsqueeze(1)
         self.lengths = self.lengths - (tail * drop).sum(1)
         tail.masked_fill_(drop, 0)
+        self._crop()
+
+    def drop_last(self, counts: torch.Tensor) -> None:
+        """Make the last ``counts[r]`` real tokens of row ``r`` holes (an assistant with another
+        tokenizer whose re-encoded context no longer starts with them), and crop trailing
+        columns that are holes in every row."""
+        if not bool((counts > 0).any()):
+            return
+        if bool((counts > self.lengths).any()):
+            raise ValueError("drop_last: a row holds fewer tokens than it is asked to drop")
+        after = self.mask.flip(1).cumsum(1).flip(1)        # real tokens at or after a column
+        self.mask = self.mask.masked_fill((after <= counts.unsqueeze(1)) & (self.mask > 0), 0)
+        self.lengths = self.lengths - counts
+        self._crop()
+
+    def _crop(self) -> None:
+        """Crop the trailing columns that are holes in every row."""
         used = torch.nonzero(self.mask.any(0))
         width = int(used.max()) + 1 if used.numel() else 0
         extra = self.mask.shape[1] - width

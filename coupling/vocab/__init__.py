@@ -7,6 +7,8 @@ tokenizer (:class:`Retokenized`), or drafting only the pieces both vocabularies 
 the rules of :data:`coupling.RULES` verify it unchanged (:mod:`coupling.vocab.exact`): SLEM,
 SLRS and TLI of Timor et al. (arXiv:2502.05202) are ``strict`` and ``token`` on these
 proposals (:data:`METHODS`), and ``block`` on them is the optimum of what the verifier sees.
+On real models, :func:`coupling.hf.generate` with ``tokenizers=`` runs TLI with any
+single-chain rule (:mod:`coupling.hf.vocab`).
 
 >>> from coupling import TabularLM, target_law
 >>> target_tok, draft_tok = toy_tokenizers()

@@ -1,0 +1,157 @@
+r"""An assistant with another tokenizer: its drafts as target tokens (token-level intersection).
+
+Timor et al. (arXiv:2502.05202, "TLI") draft only the pieces both vocabularies hold: the
+assistant's law is restricted to the shared pieces and renormalised, so a drafted piece is a
+target token as it is, and the law it was drawn from is a law over the target's vocabulary.
+Any rule of :data:`coupling.RULES` then verifies it unchanged, and losslessly: ``q`` is the
+law each draft was drawn from, whatever the assistant read (:mod:`coupling.vocab` proves it
+exactly on toy tokenizers).
+
+Glossary
+--------
+shared piece
+    a string that is one token in both vocabularies (special tokens excepted); the
+    assistant's space mark is read as the target's (``Ġ`` as ``▁``), the matching
+    transformers' universal assisted generation uses.
+the assistant's context
+    the text of the row's target tokens (special tokens skipped), encoded by the assistant's
+    tokenizer, then the pieces drafted in this step fed as the assistant's own ids.
+
+Each step the text is re-encoded; the assistant's cache keeps the longest common prefix of
+what it holds and the new encoding (rejected drafts, and a last piece the new text merges
+with, are dropped) and is fed the rest: :class:`Retokenizer` does this for every row.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import torch
+
+from .ragged import RaggedCache
+
+__all__ = ["shared_token_ids", "Retokenizer", "check_tokenizers"]
+
+
+def _space_mark(tokenizer) -> str | None:
+    """The character a tokenizer writes for a leading space (``Ġ``, ``▁``), or None."""
+    ids = tokenizer(" a", add_special_tokens=False).input_ids
+    pieces = tokenizer.convert_ids_to_tokens(ids)
+    first = pieces[0] if pieces else ""
+    return first[0] if first and first[0] != "a" and not first[0].isspace() else None
+
+
+@functools.lru_cache(maxsize=4)     # 0.3 s for Gemma 3's 262144 pieces, once per pair
+def shared_token_ids(tokenizer, assistant_tokenizer) -> tuple[np.ndarray, np.ndarray]:
+    """``(assistant ids, target ids)`` of the shared pieces (module glossary), by assistant id.
+
+    Works on any two Hugging Face tokenizers (``get_vocab``, ``convert_ids_to_tokens``,
+    ``all_special_ids``)."""
+    mark_t, mark_d = _space_mark(tokenizer), _space_mark(assistant_tokenizer)
+    special = set(tokenizer.all_special_ids)
+    target = {p: i for p, i in tokenizer.get_vocab().items() if i not in special}
+    special = set(assistant_tokenizer.all_special_ids)
+    pairs = []
+    for piece, j in assistant_tokenizer.get_vocab().items():
+        if j in special:
+            continue
+        if mark_t and mark_d and piece.startswith(mark_d):
+            piece = mark_t + piece[len(mark_d):]
+        i = target.get(piece)
+        if i is not None:
+            pairs.append((j, i))
+    if not pairs:
+        raise ValueError("the two tokenizers share no piece: an assistant with another "
+                         "vocabulary drafts the shared pieces, and there are none")
+    d, t = np.array(sorted(pairs), dtype=np.int64).T
+    return d, t
+
+
+def check_tokenizers(tokenizers) -> tuple:
+    """``tokenizers`` as ``(tokenizer, assistant_tokenizer)``, else ``TypeError``."""
+    if (not isinstance(tokenizers, (tuple, list)) or len(tokenizers) != 2
+            or not all(callable(t) and hasattr(t, "get_vocab") for t in tokenizers)):
+        raise TypeError("tokenizers= must be (tokenizer, assistant_tokenizer): the target's and "
+                        "the assistant's Hugging Face tokenizers")
+    return tuple(tokenizers)
+
+
+class Retokenizer:
+    """The assistant's side of a run across vocabularies (module doc), for ``rows`` rows.
+
+    ``vocab_size``: the target's logits width; ``draft_size``: the assistant's.
+    """
+
+    def __init__(self, tokenizers, vocab_size: int, draft_size: int,
+                 prompts: list[list[int]], device: torch.device) -> None:
+        self.tokenizer, self.assistant_tokenizer = check_tokenizers(tokenizers)
+        d, t = shared_token_ids(self.tokenizer, self.assistant_tokenizer)
+        keep = (d < draft_size) & (t < vocab_size)
+        d, t = torch.from_numpy(d[keep]).to(device), torch.from_numpy(t[keep]).to(device)
+        self.draft_cols, self.target_cols = d, t
+        self.to_draft = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
+        self.to_draft[t] = d
+        self.vocab_size = vocab_size
+        self.context = [list(p) for p in prompts]      # each row's target tokens
+        self.cached: list[list[int]] = [[] for _ in prompts]   # what the assistant holds
+
+    def logits(self, draft_logits: torch.Tensor) -> torch.Tensor:
+        """``[R, V_assistant]`` -> ``[R, V_target]``: the shared pieces' logits at their target
+        ids, ``-inf`` elsewhere (the restriction; the softmax renormalises)."""
+        out = draft_logits.new_full((draft_logits.shape[0], self.vocab_size), float("-inf"))
+        out[:, self.target_cols] = draft_logits[:, self.draft_cols]
+        return out
+
+    def draft_ids(self, x: torch.Tensor) -> torch.Tensor:
+        """The assistant's ids of drafted target tokens ``x`` (shared pieces only)."""
+        return self.to_draft[x]
+
+    def encode(self, ids: list[int]) -> list[int]:
+        """The assistant's tokens of the text of target tokens ``ids``."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        out = self.assistant_tokenizer(text).input_ids
+        if not out:
+            raise ValueError("a prompt has no text the assistant's tokenizer encodes (only "
+                             "special tokens?); give each row some text")
+        return list(out)
+
+    def sync(self, cache: RaggedCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drop from ``cache`` what no longer prefixes each row's re-encoded context; return
+        the feed ``(tokens, real)`` ``[R, m]`` of the rest (left-padded with holes, so that
+        every row's last column is its last token). At least the last token is fed: its
+        logits are the first draft's law."""
+        drop, rest = [], []
+        for r, ctx in enumerate(self.context):
+            new, old = self.encode(ctx), self.cached[r]
+            m = 0
+            while m < min(len(new), len(old)) and new[m] == old[m]:
+                m += 1
+            m = min(m, len(new) - 1)
+            drop.append(len(old) - m)
+            rest.append(new[m:])
+            self.cached[r] = new
+        dev = cache.mask.device
+        cache.drop_last(torch.tensor(drop, dtype=torch.long, device=dev))
+        width = max(len(x) for x in rest)
+        tokens = torch.zeros(len(rest), width, dtype=torch.long, device=dev)
+        real = torch.zeros_like(tokens)
+        for r, x in enumerate(rest):
+            tokens[r, width - len(x):] = torch.tensor(x, dtype=torch.long)
+            real[r, width - len(x):] = 1
+        return tokens, real
+
+    def drafted(self, fed: torch.Tensor) -> None:
+        """Record the assistant ids ``fed [R, j]`` this step appended to every row."""
+        for r, x in enumerate(fed.tolist()):
+            self.cached[r].extend(x)
+
+    def emitted(self, tokens: list[list[int]]) -> None:
+        """Append each row's emitted target tokens to its context."""
+        for ctx, x in zip(self.context, tokens, strict=True):
+            ctx.extend(x)
+
+    def select(self, rows: list[int]) -> None:
+        """Keep the given rows (those that did not stop)."""
+        self.context = [self.context[r] for r in rows]
+        self.cached = [self.cached[r] for r in rows]

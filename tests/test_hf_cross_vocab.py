@@ -1,0 +1,154 @@
+"""``coupling.hf.generate`` with an assistant of another tokenizer (``tokenizers=``): tiny
+Llamas over the toy tokenizers of :mod:`coupling.vocab` (target ``a b c ab bc``, assistant
+``a b c ca``), as Hugging Face tokenizers.
+
+Lossless: the first two generated tokens have plain ``generate(do_sample=True)``'s exact law
+(chi-square at level 1e-3 per case, fixed seeds), for every single-chain rule that reads the
+draft law and for ``strict``; drafts drawn from ``q**3`` while ``q`` is reported must fail.
+Right: at every step the law the assistant drafted from is its law after the row's text
+re-encoded (plus the pieces drafted before), on ragged batches whose re-encoding drops and
+refeeds cached tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import coupling.hf
+import coupling.hf.drafting as drafting
+from coupling import Tree
+from coupling.hf.vocab import shared_token_ids
+from coupling.vocab import shared_pieces, to_transformers, toy_tokenizers
+from tests.hf_helpers import (  # noqa: F401 (one_thread: an autouse fixture)
+    fit_pvalue,
+    left_pad,
+    one_thread,
+    tiny_llama,
+    two_token_law,
+)
+
+TARGET_TOK, DRAFT_TOK = toy_tokenizers()
+PROMPT = [3, 2]                       # "abc": the assistant reads it as a, b, c
+SAMPLING = dict(temperature=0.9, top_k=4, repetition_penalty=1.2)
+N = 4000
+ALPHA = 1e-3
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def setup():
+    target = tiny_llama(0, vocab=TARGET_TOK.size, init=0.5)
+    assistant = tiny_llama(1, vocab=DRAFT_TOK.size, init=0.5)
+    tokenizers = (to_transformers(TARGET_TOK), to_transformers(DRAFT_TOK))
+    return target, assistant, tokenizers, two_token_law(target, PROMPT, **SAMPLING)
+
+
+def run(setup, ids, **kwargs):
+    target, assistant, tokenizers, _ = setup
+    if isinstance(ids, list):
+        ids, kwargs["attention_mask"] = left_pad(ids)
+    kwargs.setdefault("attention_mask", torch.ones_like(ids))
+    return target.generate(ids, assistant_model=assistant, custom_generate=coupling.hf.generate,
+                           do_sample=True, tokenizers=tokenizers, **kwargs)
+
+
+def first_two(setup, **method) -> torch.Tensor:
+    out = run(setup, torch.tensor([PROMPT] * N), max_new_tokens=2, seed=5, **SAMPLING, **method)
+    return out[:, len(PROMPT):]
+
+
+def test_shared_pieces_are_the_packages():
+    tokenizers = to_transformers(TARGET_TOK), to_transformers(DRAFT_TOK)
+    d, t = shared_token_ids(*tokenizers)
+    assert dict(zip(d.tolist(), t.tolist(), strict=True)) == shared_pieces(TARGET_TOK, DRAFT_TOK)
+
+
+@pytest.mark.parametrize("rule", ["token", "block", "strict", "gumbel", "traversal"])
+def test_output_has_plain_sampling_law(setup, rule):
+    assert fit_pvalue(first_two(setup, rule=rule, gamma=2), setup[3]) > ALPHA
+
+
+def test_negative_control_q_not_the_drafting_law_fails(setup, monkeypatch):
+    honest = drafting.sample_rows
+    monkeypatch.setattr(drafting, "sample_rows", lambda w, u: honest(w**3, u))
+    assert fit_pvalue(first_two(setup, rule="token", gamma=2), setup[3]) < ALPHA
+
+
+@torch.no_grad()
+def assistant_law(assistant, tokenizers, context: list[int], drafted: list[int]) -> np.ndarray:
+    """The assistant's law over target ids after the text of ``context`` and the drafted
+    shared pieces ``drafted`` (target ids), computed afresh, restricted and renormalised."""
+    ttok, dtok = tokenizers
+    ids = dtok(ttok.decode(context)).input_ids + [DRAFT_TOK.pieces.index(TARGET_TOK.pieces[x])
+                                                 for x in drafted]
+    q = torch.softmax(assistant(torch.tensor([ids])).logits[0, -1].double(), -1).numpy()
+    out = np.zeros(TARGET_TOK.size)
+    for j, i in shared_pieces(TARGET_TOK, DRAFT_TOK).items():
+        out[i] = q[j]
+    return out / out.sum()
+
+
+def test_the_assistant_drafts_from_its_law_after_the_re_encoded_text(setup, monkeypatch):
+    """A ragged batch, 12 tokens, gamma 3: every draft law equals the assistant's law computed
+    afresh (so the cache kept, dropped and refed the right tokens)."""
+    target, assistant, tokenizers, _ = setup
+    seen = []
+    honest = drafting.draft_tree
+
+    def record(*args, **kwargs):
+        chains = honest(*args, **kwargs)
+        ext, cur, rows = args[4], args[5], args[6]
+        seen.append((ext.clone(), cur.clone(), rows.clone(), chains.drafts.clone(),
+                     chains.q.clone()))
+        return chains
+
+    monkeypatch.setattr(drafting, "draft_tree", record)
+    monkeypatch.setattr(coupling.hf.decode, "draft_tree", record)
+    prompts = [[3, 2], [0, 4, 1, 2], [2]]          # "abc", "abcbc", "c"
+    pad = [4 - len(p) for p in prompts]            # left padding
+    run(setup, prompts, max_new_tokens=12, seed=[1, 2, 3], rule="token", gamma=3)
+    assert len(seen) >= 4
+    checked = 0
+    for ext, cur, rows, drafts, q in seen:
+        for r in range(ext.shape[0]):                  # rows that stopped have left
+            context = ext[r, pad[rows[r]]:cur[r]].tolist()
+            for i in range(drafts.shape[2]):
+                want = assistant_law(assistant, tokenizers, context, drafts[r, 0, :i].tolist())
+                got = q[r, 0, i].double().numpy()
+                assert np.abs(got - want).max() < 1e-5, (r, i)
+                checked += 1
+    assert checked >= 12
+
+
+def test_the_hub_folder_takes_transformers_names(setup):
+    """``custom_generate/`` takes ``tokenizer=`` and ``assistant_tokenizer=``: the same tokens
+    as the callable with ``tokenizers=``."""
+    target, assistant, tokenizers, _ = setup
+    ids, mask = left_pad([[3, 2], [0, 4, 1, 2]])
+    kw = dict(attention_mask=mask, max_new_tokens=8, seed=[7, 8], rule="block", gamma=2)
+    hub = target.generate(ids, custom_generate=str(ROOT), trust_remote_code=True,
+                          assistant_model=assistant, do_sample=True, tokenizer=tokenizers[0],
+                          assistant_tokenizer=tokenizers[1], **kw)
+    assert torch.equal(hub, run(setup, ids, **kw))
+    kw.update(assistant_model=assistant, do_sample=True)
+    with pytest.raises(ValueError, match="together"):
+        target.generate(ids, custom_generate=str(ROOT), trust_remote_code=True,
+                        tokenizer=tokenizers[0], **kw)
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(num_drafts=2), ValueError, "one chain per row"),
+    (dict(tree=Tree.from_branching([2])), ValueError, "one chain per row"),
+    (dict(tokenizers=("a", "b")), TypeError, r"\(tokenizer, assistant_tokenizer\)"),
+])
+def test_refusals(setup, kwargs, error, match):
+    target, assistant, tokenizers, _ = setup
+    kw = dict(assistant_model=assistant, custom_generate=coupling.hf.generate, do_sample=True,
+              max_new_tokens=2, rule="rrs", tokenizers=tokenizers)
+    ids = torch.tensor([PROMPT])
+    with pytest.raises(error, match=match):
+        target.generate(ids, attention_mask=torch.ones_like(ids), **{**kw, **kwargs})
