@@ -22,6 +22,7 @@ import coupling.hf
 import coupling.hf.drafting as drafting
 from coupling import Tree
 from coupling.hf.vocab import shared_token_ids
+from coupling.torch_backend import gumbel_noise
 from coupling.vocab import shared_pieces, to_transformers, toy_tokenizers
 from tests.hf_helpers import (  # noqa: F401 (one_thread: an autouse fixture)
     fit_pvalue,
@@ -33,6 +34,7 @@ from tests.hf_helpers import (  # noqa: F401 (one_thread: an autouse fixture)
 
 TARGET_TOK, DRAFT_TOK = toy_tokenizers()
 PROMPT = [3, 2]                       # "abc": the assistant reads it as a, b, c
+PROMPTS = [[3, 2], [0, 4, 1, 2], [2]]  # "abc", "abcbc", "c" (left-padded with 0)
 SAMPLING = dict(temperature=0.9, top_k=4, repetition_penalty=1.2)
 N = 4000
 ALPHA = 1e-3
@@ -108,9 +110,8 @@ def test_the_assistant_drafts_from_its_law_after_the_re_encoded_text(setup, monk
 
     monkeypatch.setattr(drafting, "draft_tree", record)
     monkeypatch.setattr(coupling.hf.decode, "draft_tree", record)
-    prompts = [[3, 2], [0, 4, 1, 2], [2]]          # "abc", "abcbc", "c"
-    pad = [4 - len(p) for p in prompts]            # left padding
-    run(setup, prompts, max_new_tokens=12, seed=[1, 2, 3], rule="token", gamma=3)
+    pad = [4 - len(p) for p in PROMPTS]            # left padding
+    run(setup, PROMPTS, max_new_tokens=12, seed=[1, 2, 3], rule="token", gamma=3)
     assert len(seen) >= 4
     checked = 0
     for ext, cur, rows, drafts, q in seen:
@@ -152,3 +153,33 @@ def test_refusals(setup, kwargs, error, match):
     ids = torch.tensor([PROMPT])
     with pytest.raises(error, match=match):
         target.generate(ids, attention_mask=torch.ones_like(ids), **{**kw, **kwargs})
+
+
+@pytest.mark.parametrize("rule", ["token", "block"])
+def test_rows_of_a_padded_batch_equal_batch_size_one(setup, rule):
+    """Each row's tokens and statistics equal the row's alone under its seed, though the
+    assistant's feeds are ragged and its cache drops different tokens per row."""
+    kw = dict(max_new_tokens=12, seed=[5, 6, 7], rule=rule, gamma=3,
+              return_dict_in_generate=True, **SAMPLING)
+    out = run(setup, PROMPTS, **kw)
+    assert len(set(out.num_accepted_tokens.tolist())) > 1
+    for b, prompt in enumerate(PROMPTS):
+        one = run(setup, [prompt], **{**kw, "seed": [kw["seed"][b]]})
+        assert one.sequences[0, len(prompt):].tolist() == out.sequences[b, 4:].tolist()
+        assert one.num_accepted_tokens.item() == out.num_accepted_tokens[b].item()
+
+
+def test_gumbel_across_vocabularies_is_plain_gumbel_sampling(setup):
+    """Under one seed ``gumbel`` emits ``argmax(log p_t + G(seed, t))`` at every position,
+    whatever the draft: here an assistant in another vocabulary."""
+    target, _, _, _ = setup
+    seed, seq = 9, [3, 2]
+    with torch.no_grad():
+        for _ in range(10):
+            p = torch.softmax(target(torch.tensor([seq])).logits[0, -1].double(), -1)
+            G = gumbel_noise(torch.tensor(seed), torch.tensor(len(seq)), p.numel(),
+                             dtype=torch.float64)
+            seq.append(int((p.log() + G).argmax()))
+    out = run(setup, torch.tensor([[3, 2]]), seed=[seed], max_new_tokens=10, rule="gumbel",
+              gamma=3, top_k=0)
+    assert out[0].tolist() == seq
