@@ -18,8 +18,10 @@ tokens per call exceed ``1 + gamma * t_draft / t_target``.
 
 The measured run (``--measure``), in this process, batch 1, the same prompts and sampling:
 plain ``generate(do_sample=True)`` of Gemma; :func:`coupling.hf.generate` with SmolLM2 as the
-assistant (``tokenizers=``, rule ``token``); and with Gemma's own first 15 of 18 layers as the
-draft (the same vocabulary, rule ``block``). Tokens per second over all prompts, and tokens per
+assistant (``tokenizers=``): drafting the shared pieces verified by ``token`` (TLI), and
+drafting its own tokens re-encoded, verified by exact match (SLEM: ``proposal="retokenized"``,
+rule ``strict``); and with Gemma's own first 15 of 18 layers as the draft (the same
+vocabulary, rule ``block``). Tokens per second over all prompts, and tokens per
 target call.
 
     .venv/bin/python benchmarks/bench_vocab_real.py [--prompts 8] [--tokens 32] [--measure]
@@ -98,8 +100,8 @@ def timed(generate, prompts: list[torch.Tensor], tokens: int, **kwargs) -> tuple
 
 def measure(gemma, gtok, smol, stok, prompts: list[str], tokens: int,
             gammas: tuple[int, ...]) -> None:
-    """Plain Gemma, Gemma with SmolLM2 across vocabularies, Gemma with its early exit (module
-    doc), each timed alone in turn, in this process."""
+    """Plain Gemma, Gemma with SmolLM2 across vocabularies (two proposals), Gemma with its early
+    exit (module doc), each timed alone in turn, in this process."""
     ids = [torch.tensor([gtok(p).input_ids]) for p in prompts]
     exit_draft = models.early_exit(gemma, 15)
     timed(gemma.generate, ids[:1], 4)                       # warm-up
@@ -109,6 +111,8 @@ def measure(gemma, gtok, smol, stok, prompts: list[str], tokens: int,
     for gamma in gammas:
         for name, draft, extra in (
                 ("SmolLM2 (TLI, token)", smol, dict(rule="token", tokenizers=(gtok, stok))),
+                ("SmolLM2 (SLEM, strict)", smol, dict(rule="strict", tokenizers=(gtok, stok),
+                                                      proposal="retokenized")),
                 ("early exit 15 (block)", exit_draft, dict(rule="block"))):
             rate, per_call = timed(gemma.generate, ids, tokens, assistant_model=draft,
                                    custom_generate=coupling.hf.generate, gamma=gamma, **extra)

@@ -3,8 +3,10 @@ Llamas over the toy tokenizers of :mod:`coupling.vocab` (target ``a b c ab bc``,
 ``a b c ca``), as Hugging Face tokenizers.
 
 Lossless: the first two generated tokens have plain ``generate(do_sample=True)``'s exact law
-(chi-square at level 1e-3 per case, fixed seeds), for every single-chain rule that reads the
-draft law and for ``strict``; drafts drawn from ``q**3`` while ``q`` is reported must fail.
+(chi-square at level 1e-3 per case, fixed seeds), for rules that read the draft law and rules
+that do not, with the shared pieces drafted (TLI) or the assistant's own tokens re-encoded
+(SLEM); drafts drawn from ``q**3`` while ``q`` is reported, and re-encoded drafts verified as
+if drawn from the uniform law, must fail.
 Right: at every step the law the assistant drafted from is its law after the row's text
 re-encoded (plus the pieces drafted before), on ragged batches whose re-encoding drops and
 refeeds cached tokens.
@@ -20,6 +22,7 @@ import torch
 
 import coupling.hf
 import coupling.hf.drafting as drafting
+import coupling.hf.vocab as vocab
 from coupling import Tree
 from coupling.hf.vocab import shared_token_ids
 from coupling.torch_backend import gumbel_noise
@@ -69,9 +72,41 @@ def test_shared_pieces_are_the_packages():
     assert dict(zip(d.tolist(), t.tolist(), strict=True)) == shared_pieces(TARGET_TOK, DRAFT_TOK)
 
 
-@pytest.mark.parametrize("rule", ["token", "block", "strict", "gumbel", "traversal"])
-def test_output_has_plain_sampling_law(setup, rule):
-    assert fit_pvalue(first_two(setup, rule=rule, gamma=2), setup[3]) > ALPHA
+@pytest.mark.parametrize("rule, proposal", [
+    ("token", "intersection"), ("block", "intersection"), ("strict", "intersection"),
+    ("gumbel", "intersection"), ("traversal", "intersection"),
+    ("strict", "retokenized"), ("token", "retokenized"), ("block", "retokenized")])
+def test_output_has_plain_sampling_law(setup, rule, proposal):
+    pairs = first_two(setup, rule=rule, gamma=2, proposal=proposal)
+    assert fit_pvalue(pairs, setup[3]) > ALPHA
+
+
+def test_re_encoded_drafts_verified_against_a_law_they_were_not_drawn_from_fail(setup,
+                                                                               monkeypatch):
+    """The point masses are what makes re-encoded drafts lossless: reported as uniform draws,
+    token verification accepts them far too often."""
+    honest = vocab.retokenized_chain
+
+    def uniform(*args):
+        drafts, q = honest(*args)
+        return drafts, torch.full_like(q, 1.0 / q.shape[-1])
+
+    monkeypatch.setattr(coupling.hf.decode, "retokenized_chain", uniform)
+    pairs = first_two(setup, rule="token", gamma=2, proposal="retokenized")
+    assert fit_pvalue(pairs, setup[3]) < ALPHA
+
+
+def test_re_encoded_candidates_continue_the_text():
+    """The candidate is the drafted text's target tokens after the row's, its last dropped;
+    padded by its last token (or the row's) where short."""
+    ttok, dtok = to_transformers(TARGET_TOK), to_transformers(DRAFT_TOK)
+    retok = vocab.Retokenizer((ttok, dtok), TARGET_TOK.size, DRAFT_TOK.size,
+                              [[0], [3, 2]], torch.device("cpu"), "retokenized")
+    ca, b = DRAFT_TOK.encode("ca")[0], DRAFT_TOK.encode("b")[0]
+    # "a" + "bcab": "ab" merges with the row's "a", so the text is no continuation: padded
+    assert retok.candidate(0, [b, ca, b], 3) == [0, 0, 0]
+    # "abc" + "abcab" -> ab c | ab c ab: the candidate "ab c", the last "ab" dropped
+    assert retok.candidate(1, [0, b, ca, b], 3) == [3, 2, 2]
 
 
 def test_negative_control_q_not_the_drafting_law_fails(setup, monkeypatch):
@@ -145,6 +180,8 @@ def test_the_hub_folder_takes_transformers_names(setup):
     (dict(num_drafts=2), ValueError, "one chain per row"),
     (dict(tree=Tree.from_branching([2])), ValueError, "one chain per row"),
     (dict(tokenizers=("a", "b")), TypeError, r"\(tokenizer, assistant_tokenizer\)"),
+    (dict(proposal="strings"), ValueError, "choose one of"),
+    (dict(tokenizers=None, proposal="retokenized"), ValueError, "another tokenizer"),
 ])
 def test_refusals(setup, kwargs, error, match):
     target, assistant, tokenizers, _ = setup

@@ -30,9 +30,10 @@ plain ``generate`` checks them. ``do_sample=False`` with ``token`` or ``block`` 
 decoding, token for token.
 
 Another tokenizer. With ``tokenizers=(tokenizer, assistant_tokenizer)`` the assistant may
-use another vocabulary: it drafts the pieces both share, its law restricted to them and
-renormalised over the target's ids (Timor et al.'s TLI), one chain per row, and its context is
-the row's text re-encoded at every step (:mod:`.vocab`). Models with sliding-window layers
+use another vocabulary, one chain per row: it drafts the pieces both share, its law
+restricted to them and renormalised over the target's ids (Timor et al.'s TLI), or, with
+``proposal="retokenized"``, its own tokens, re-encoded by the target's tokenizer (SLEM with
+``strict``); its context is the row's text re-encoded at every step (:mod:`.vocab`). Models with sliding-window layers
 run while a row's cache fits in the window (there they attend as full layers do) and are
 refused past it.
 

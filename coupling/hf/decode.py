@@ -16,7 +16,7 @@ from .options import Options, check_options, row_seeds
 from .output import SpeculativeDecoderOnlyOutput, Stats
 from .processors import Laws
 from .ragged import RaggedCache, check_cache
-from .vocab import Retokenizer, check_tokenizers
+from .vocab import Retokenizer, check_proposal, check_tokenizers, retokenized_chain
 
 __all__ = ["generate"]
 
@@ -29,7 +29,8 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
              generation_config=None, synced_gpus: bool = False, streamer=None,
              assistant_model=None, *, rule: str = "block", num_drafts: int = 1, gamma: int = 4,
              replacement: bool = True, seed: int | Sequence[int] | torch.Tensor | None = None,
-             tree: Tree | None = None, tokenizers: tuple | None = None, **model_kwargs):
+             tree: Tree | None = None, tokenizers: tuple | None = None,
+             proposal: str = "intersection", **model_kwargs):
     """Speculative decoding with a verification rule of :mod:`coupling`, inside ``generate``.
 
     Called by ``model.generate(input_ids, assistant_model=draft,
@@ -53,11 +54,14 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
         ...: :func:`coupling.rules.topology.check_tree_rule`). Each step drafts it level by
         level (:func:`.drafting.draft_topology`) and scores it in one target call, one model
         row per root-to-leaf path.
-    tokenizers : ``(tokenizer, assistant_tokenizer)`` for an assistant with another tokenizer:
-        it drafts the pieces both vocabularies share, one chain per row (:mod:`.vocab`).
+    tokenizers : ``(tokenizer, assistant_tokenizer)`` for an assistant with another tokenizer,
+        one chain per row, drafting as ``proposal`` says (:mod:`.vocab`).
         transformers hands a ``custom_generate`` callable neither ``tokenizer=`` nor
         ``assistant_tokenizer=``, so they travel together under this name (the Hub folder
         ``custom_generate/`` also takes transformers' two names).
+    proposal : how such an assistant proposes target tokens: ``"intersection"`` (the shared
+        pieces, TLI) or ``"retokenized"`` (its own tokens, re-encoded; SLEM with ``strict``)
+        (:mod:`.vocab`).
     """
     if generation_config is None or logits_processor is None or stopping_criteria is None:
         raise TypeError("coupling.hf.generate is a decoding method: call it as "
@@ -66,6 +70,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
     draft = assistant_model if assistant_model is not None else found.get("assistant_model")
     streamer = streamer if streamer is not None else found.get("streamer")
     opts = check_options(rule, num_drafts, gamma, replacement, generation_config.do_sample, tree)
+    check_proposal(proposal, tokenizers is not None)
     if tokenizers is not None:
         tokenizers = check_tokenizers(tokenizers)
         if opts.num_drafts != 1 or opts.tree is not None:
@@ -77,7 +82,7 @@ def generate(model, input_ids: torch.LongTensor, logits_processor=None, stopping
     laws = Laws(logits_processor, input_ids.shape[0], greedy=not opts.do_sample)
     run = _Run(model, draft, cache, input_ids, mask, laws,
                stopping_criteria, generation_config, opts, row_seeds(seed, input_ids.shape[0]),
-               streamer, tokenizers)
+               streamer, tokenizers, proposal)
     while run.rows.numel():
         run.step()
     return run.output(input_ids)
@@ -163,7 +168,8 @@ class _Run:
     """
 
     def __init__(self, model, draft, cache, input_ids, mask, laws: Laws, criteria, config,
-                 opts: Options, seeds: torch.Tensor, streamer, tokenizers=None) -> None:
+                 opts: Options, seeds: torch.Tensor, streamer, tokenizers=None,
+                 proposal: str = "intersection") -> None:
         B, P = input_ids.shape
         dev = input_ids.device
         self.leaves = Leaves.of(opts.tree, dev) if opts.tree is not None else None
@@ -190,7 +196,7 @@ class _Run:
         self.retok = None if tokenizers is None else Retokenizer(
             tokenizers, model.config.get_text_config().vocab_size,
             draft.config.get_text_config().vocab_size,
-            [ids[m > 0].tolist() for ids, m in zip(input_ids, mask, strict=True)], dev)
+            [ids[m > 0].tolist() for ids, m in zip(input_ids, mask, strict=True)], dev, proposal)
         for c in (self.target, self.draft):   # a sliding layer is exact within its window
             if c.window is not None and self.limit + g + 1 >= c.window:
                 raise ValueError(f"max_length={self.limit} and gamma={g} reach past the "
@@ -214,14 +220,14 @@ class _Run:
         cur = self.cur.repeat_interleave(k)
         ext = self.seq.repeat_interleave(k, 0)  # each branch's sequence; drafts go after it
         batch_rows = self.rows.repeat_interleave(k)
-        feed = self.feed if self.retok is None else self.retok.sync(self.draft)
-        args = (self.draft, self.laws, self.opts, feed, ext, cur, batch_rows, self.seeds,
+        args = (self.draft, self.laws, self.opts, self.feed, ext, cur, batch_rows, self.seeds,
                 self.real)
-        if self.leaves is None:
-            tree = draft_tree(*args, vocab=self.retok)
+        if self.retok is not None:
+            drafts, q = self._cross_vocab_chain(args)
+            real = None
+        elif self.leaves is None:
+            tree = draft_tree(*args)
             drafts, q = tree.drafts, tree.q
-            if self.retok is not None:     # the assistant was fed every draft but the last
-                self.retok.drafted(self.retok.draft_ids(drafts[:, 0, :g - 1]))
             real = None
         else:
             drafts, q = draft_topology(*args)
@@ -261,6 +267,21 @@ class _Run:
                              raw[chosen])
         self._next_feed(last, verdict.next_token, n)
         self._retire(emitted)
+
+    def _cross_vocab_chain(self, args: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drafts and their laws from an assistant with another tokenizer (:mod:`.vocab`),
+        after its cache is synced to each row's re-encoded text."""
+        retok, g = self.retok, self.opts.gamma
+        feed = retok.sync(self.draft)
+        if retok.proposal == "retokenized":
+            drafts, q = retokenized_chain(self.draft, retok, feed, g, self.seeds, self.real,
+                                          self.config.temperature, self.opts.do_sample)
+            ext, cur = args[4], args[5]         # the drafts follow each row's sequence
+            ext.scatter_(1, cur.unsqueeze(1) + torch.arange(g, device=cur.device), drafts[:, 0])
+            return drafts, q
+        tree = draft_tree(*args[:3], feed, *args[4:], vocab=retok)
+        retok.drafted(retok.draft_ids(tree.drafts[:, 0, :g - 1]))   # all fed but the last
+        return tree.drafts, tree.q
 
     def _emit(self, tokens: torch.Tensor, count: torch.Tensor, scores: torch.Tensor,
               raw: torch.Tensor) -> torch.Tensor:

@@ -1,11 +1,26 @@
-r"""An assistant with another tokenizer: its drafts as target tokens (token-level intersection).
+r"""An assistant with another tokenizer: its drafts as target tokens.
 
-Timor et al. (arXiv:2502.05202, "TLI") draft only the pieces both vocabularies hold: the
-assistant's law is restricted to the shared pieces and renormalised, so a drafted piece is a
-target token as it is, and the law it was drawn from is a law over the target's vocabulary.
-Any rule of :data:`coupling.RULES` then verifies it unchanged, and losslessly: ``q`` is the
-law each draft was drawn from, whatever the assistant read (:mod:`coupling.vocab` proves it
-exactly on toy tokenizers).
+Two proposals of Timor et al. (arXiv:2502.05202), :data:`PROPOSALS`:
+
+``"intersection"`` (TLI)
+    the assistant drafts only the pieces both vocabularies hold: its law is restricted to the
+    shared pieces and renormalised, so a drafted piece is a target token as it is, and the
+    law it was drawn from is a law over the target's vocabulary. Any rule of
+    :data:`coupling.RULES` verifies it unchanged, and losslessly: ``q`` is the law each draft
+    was drawn from, whatever the assistant read.
+``"retokenized"`` (SLEM, string-level exact match)
+    the assistant drafts ``gamma + 1`` tokens of its own vocabulary; the drafted text, encoded
+    by the target's tokenizer after the row's text, gives the candidate (its last token
+    dropped, since more text could merge it, and at most ``gamma``; a shorter one is padded by
+    repeating its last token, or the row's). Given the assistant's draws the candidate is determined,
+    and its draws are independent of the verifier's: ``q`` is the point mass at each drafted
+    token, and every rule verifies it losslessly, accepting a draft ``x`` with the target's
+    own probability ``p(x)`` (exact match's acceptance: ``strict`` is SLEM itself). The
+    string-level law SLRS divides by sums over every tokenization of the drafted string, a sum
+    that grows exponentially with its length (the paper's cost argument); it is exact in
+    :mod:`coupling.vocab` on small vocabularies only.
+
+:mod:`coupling.vocab` proves both exactly on toy tokenizers.
 
 Glossary
 --------
@@ -29,9 +44,15 @@ import functools
 import numpy as np
 import torch
 
+from ..keyed import STREAM_DRAFT
+from ..torch_backend import sample_rows, uniforms
 from .ragged import RaggedCache
 
-__all__ = ["shared_token_ids", "Retokenizer", "check_tokenizers"]
+__all__ = ["shared_token_ids", "Retokenizer", "check_tokenizers", "check_proposal", "PROPOSALS",
+           "retokenized_chain"]
+
+#: how an assistant with another tokenizer proposes target tokens (module doc)
+PROPOSALS = ("intersection", "retokenized")
 
 
 def _space_mark(tokenizer) -> str | None:
@@ -77,15 +98,29 @@ def check_tokenizers(tokenizers) -> tuple:
     return tuple(tokenizers)
 
 
-class Retokenizer:
-    """The assistant's side of a run across vocabularies (module doc), for ``rows`` rows.
+def check_proposal(proposal: str, cross_vocab: bool) -> str:
+    """``proposal`` if the run can use it, else ``ValueError`` naming the fix."""
+    if proposal not in PROPOSALS:
+        raise ValueError(f"proposal={proposal!r}: choose one of {PROPOSALS}")
+    if proposal != "intersection" and not cross_vocab:
+        raise ValueError(f"proposal={proposal!r} is for an assistant with another tokenizer: "
+                         "pass tokenizers=(tokenizer, assistant_tokenizer)")
+    return proposal
 
-    ``vocab_size``: the target's logits width; ``draft_size``: the assistant's.
+
+class Retokenizer:
+    """The assistant's side of a run across vocabularies (module doc): each row's target
+    tokens and what the assistant's cache holds of its re-encoded text.
+
+    ``vocab_size``: the target's logits width; ``draft_size``: the assistant's; ``prompts``:
+    each row's prompt tokens (padding removed).
     """
 
     def __init__(self, tokenizers, vocab_size: int, draft_size: int,
-                 prompts: list[list[int]], device: torch.device) -> None:
+                 prompts: list[list[int]], device: torch.device,
+                 proposal: str = "intersection") -> None:
         self.tokenizer, self.assistant_tokenizer = check_tokenizers(tokenizers)
+        self.proposal = proposal
         d, t = shared_token_ids(self.tokenizer, self.assistant_tokenizer)
         keep = (d < draft_size) & (t < vocab_size)
         d, t = torch.from_numpy(d[keep]).to(device), torch.from_numpy(t[keep]).to(device)
@@ -141,6 +176,17 @@ class Retokenizer:
             real[r, width - len(x):] = 1
         return tokens, real
 
+    def candidate(self, r: int, own: list[int], gamma: int) -> list[int]:
+        """Row ``r``'s ``gamma`` target tokens from the assistant's drafted ids ``own``
+        (``"retokenized"``, module doc)."""
+        text = self.tokenizer.decode(self.context[r], skip_special_tokens=True)
+        drafted = self.assistant_tokenizer.decode(own, skip_special_tokens=True)
+        base = self.tokenizer(text, add_special_tokens=False).input_ids
+        full = self.tokenizer(text + drafted, add_special_tokens=False).input_ids
+        # the drafted text must continue the row's tokens, not merge into its last one
+        out = list(full[len(base):-1][:gamma]) if full[:len(base)] == base else []
+        return out + [out[-1] if out else self.context[r][-1]] * (gamma - len(out))
+
     def drafted(self, fed: torch.Tensor) -> None:
         """Record the assistant ids ``fed [R, j]`` this step appended to every row."""
         for r, x in enumerate(fed.tolist()):
@@ -155,3 +201,35 @@ class Retokenizer:
         """Keep the given rows (those that did not stop)."""
         self.context = [self.context[r] for r in rows]
         self.cached = [self.cached[r] for r in rows]
+
+
+def retokenized_chain(draft: RaggedCache, retok: Retokenizer, feed: tuple[torch.Tensor, ...],
+                      gamma: int, seeds: torch.Tensor, starts: torch.Tensor,
+                      temperature: float | None, do_sample: bool
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``"retokenized"`` proposal for every row (module doc): the assistant samples
+    ``gamma + 1`` of its own tokens at ``temperature`` (its argmax without ``do_sample``), drawn by
+    inverse CDF with ``U(seed, t, STREAM_DRAFT, i)`` as every drafter here draws
+    (:mod:`.drafting`), then each row's text gives its candidate. ``feed``: what the
+    assistant's cache lacks (:meth:`Retokenizer.sync`); ``seeds``, ``starts`` ``[A]``.
+    Returns ``drafts [A, 1, gamma]`` (target ids) and their point masses ``q [A, 1, gamma,
+    V]`` (module doc)."""
+    n = gamma + 1                                       # the last target token is dropped
+    u = uniforms(seeds, starts, n, stream=STREAM_DRAFT).to(feed[0].device)       # [A, n]
+    tokens, real = feed
+    own = []
+    for i in range(n):
+        logits = draft.forward(tokens, real, last_only=True)[:, 0]
+        if do_sample:
+            x = sample_rows(torch.softmax(logits / (temperature or 1.0), -1), u[:, i])
+        else:
+            x = logits.argmax(-1)
+        own.append(x)
+        tokens, real = x.unsqueeze(1), torch.ones_like(x).unsqueeze(1)
+    own_ids = torch.stack(own, 1)                                                # [A, n]
+    retok.drafted(own_ids[:, :n - 1])             # the assistant was fed all but the last
+    drafts = torch.tensor([retok.candidate(r, x, gamma) for r, x in enumerate(own_ids.tolist())],
+                          dtype=torch.long, device=own_ids.device).view(-1, 1, gamma)
+    q = torch.zeros(*drafts.shape, retok.vocab_size, device=drafts.device)
+    q.scatter_(-1, drafts.unsqueeze(-1), 1.0)
+    return drafts, q
