@@ -57,8 +57,9 @@ def run(setup, ids, **kwargs):
     if isinstance(ids, list):
         ids, kwargs["attention_mask"] = left_pad(ids)
     kwargs.setdefault("attention_mask", torch.ones_like(ids))
+    kwargs.setdefault("do_sample", True)
     return target.generate(ids, assistant_model=assistant, custom_generate=coupling.hf.generate,
-                           do_sample=True, tokenizers=tokenizers, **kwargs)
+                           tokenizers=tokenizers, **kwargs)
 
 
 def first_two(setup, **method) -> torch.Tensor:
@@ -220,3 +221,13 @@ def test_gumbel_across_vocabularies_is_plain_gumbel_sampling(setup):
     out = run(setup, torch.tensor([[3, 2]]), seed=[seed], max_new_tokens=10, rule="gumbel",
               gamma=3, top_k=0)
     assert out[0].tolist() == seq
+
+
+@pytest.mark.parametrize("proposal", ["intersection", "retokenized"])
+def test_greedy_verification_across_vocabularies_is_greedy_decoding(setup, proposal):
+    target, _, _, _ = setup
+    ids, mask = left_pad(PROMPTS)
+    plain = target.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=10)
+    ours = run(setup, ids, attention_mask=mask, do_sample=False, max_new_tokens=10,
+               rule="block", gamma=3, proposal=proposal)
+    assert torch.equal(ours, plain)
