@@ -1,38 +1,44 @@
 #!/usr/bin/env python
-"""The optimal rule's exact samplers per call at V = 49152: the race through the min cut
-(:mod:`coupling.rules.optimal.race`, i.i.d. drafts, k = 2, 4, 8) against one ``np.argsort`` of
-V float64s, and against the k = 2 plan through the cut (:class:`coupling.rules.optimal.CutPlan`)
-on the supports it can take, all in one process.
+"""The optimal rule's exact sampler per call at full vocabulary, with fresh laws every call,
+against one ``np.argsort`` of V float64 values in the same process.
 
-Laws: target ``softmax(N(0, s^2))`` over V = 49152 tokens, draft the target perturbed by N(0, 1)
-in log space; ``s = 2.5`` puts about 10^4 tokens in the min cut. Full supports (where the k = 2
-plan cannot run: its pair sets grow as U^2) and top-m truncations of the same laws (where it
-can). Every call builds a fresh plan (on real text every call brings new laws).
+Laws: ``p`` and ``q`` independent Dirichlet(0.05) draws over V tokens (``--laws dirichlet``,
+the default: peaked, with thousands of tokens below 1e-30), or the softmax of N(0, 3^2) logits
+with the draft perturbed by N(0, 1) in log space (``--laws softmax``). Each call brings a new
+pair, as serving does (``--cases`` pairs, more than the rule's plan cache holds, and the cache
+is cleared anyway), and ``k`` drafts drawn from ``q``.
 
-Rows, each timed as a median of ``--repeats`` blocks of 4 calls:
+Rows, medians over ``--repeats`` calls:
 
 * ``argsort``: ``np.argsort`` of V random float64s (the baseline);
-* ``race, plan + verify``: the race's plan (ratio sort, cut, both parts' join times and weights)
-  and one verification (what a call pays when it does not reject);
-* ``race, + residual``: also the exact loads and the residual law (what a rejected call adds);
-* ``rule.verify``: ``RULES["optimal"].verify`` as a caller makes it (validation, the support,
-  the plan cache cleared first);
-* top-64 (k = 2) and top-16 (k = 3) supports: the race and the cut plan
-  (``Optimal(sampler="plan")``: with three drafts it enumerates the tuples, so only small
-  supports fit).
+* ``RULES['optimal'].sample``: one exact verification of ``k`` i.i.d. drafts as a caller makes
+  it (validation, the union support, the race through the min cut, and the residual draw
+  when the race rejects: about 90% of calls with Dirichlet laws, whose acceptance is ~0.1);
+* ``plan alone`` and ``+ residual``: the race's plan (ratio sort, cut, part B's join times and
+  weights) and, in addition, both parts' exact loads and the residual law;
+* minor page faults per call (``getrusage``): fresh memory that glibc maps in after returning
+  a freed heap top to the system. ``--top-pad MB`` first asks glibc to keep that much freed
+  heap mapped (``mallopt(M_TOP_PAD)``, what ``MALLOC_TOP_PAD_`` in a serving process's
+  environment does): the faults' share of a call.
 
-Both clocks are printed: process CPU time (what the machine's other jobs do not inflate) and
-wall time. Ratios are to the argsort in the same process and the same clock.
+Then, on top-64 (k = 2) and top-16 (k = 3) supports, the race against the plan through the
+cut (``Optimal(sampler="plan")``, which enumerates tuples, so only small supports fit).
+
+Both clocks are printed: process CPU time and wall time; ratios are to the argsort in the
+same process and clock.
 
 Usage::
 
-    python benchmarks/bench_optimal_sampler.py [--repeats 15]
+    python benchmarks/bench_optimal_sampler.py [--vocab 49152,262144] [--laws dirichlet]
+                                               [--top-pad 64]
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import platform
+import resource
 import statistics
 import time
 
@@ -42,75 +48,106 @@ from coupling import RULES
 from coupling.rules import optimal as opt
 from coupling.rules.optimal import Optimal, race_plan
 
-V = 49152
 
-
-def laws(rng: np.random.Generator, scale: float = 2.5) -> tuple[np.ndarray, np.ndarray]:
-    z = rng.normal(size=V) * scale
+def laws(rng: np.random.Generator, V: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    if kind == "dirichlet":
+        return rng.dirichlet(np.full(V, 0.05)), rng.dirichlet(np.full(V, 0.05))
+    z = rng.normal(size=V) * 3.0
     p = np.exp(z - z.max())
     p /= p.sum()
     q = np.exp(np.log(p) + rng.normal(size=V))
     return p, q / q.sum()
 
 
-def top(x: np.ndarray, m: int = 64) -> np.ndarray:
+def top(x: np.ndarray, m: int) -> np.ndarray:
     keep = np.argsort(-x)[:m]
     y = np.zeros_like(x)
     y[keep] = x[keep]
     return y / y.sum()
 
 
-def timed(fn, repeats: int) -> tuple[float, float]:
-    """Median milliseconds per call, ``(cpu, wall)``."""
+def timed(fn, calls: int) -> tuple[float, float, float]:
+    """Median milliseconds per call ``(cpu, wall)`` and minor page faults per call; ``fn(i)``
+    makes call ``i``."""
     cpu, wall = [], []
-    for _ in range(repeats):
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for i in range(calls):
         c0, w0 = time.process_time(), time.perf_counter()
-        for _ in range(4):
-            fn()
-        cpu.append((time.process_time() - c0) / 4 * 1e3)
-        wall.append((time.perf_counter() - w0) / 4 * 1e3)
-    return statistics.median(cpu), statistics.median(wall)
+        fn(i)
+        cpu.append((time.process_time() - c0) * 1e3)
+        wall.append((time.perf_counter() - w0) * 1e3)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults
+    return statistics.median(cpu), statistics.median(wall), faults / calls
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=15)
-    args = ap.parse_args()
-    rng = np.random.default_rng(11)
-    p, q = laws(rng)
+def full_vocabulary(V: int, kind: str, repeats: int, cases: int,
+                    rng: np.random.Generator) -> list[tuple[str, tuple]]:
+    pairs = [laws(rng, V, kind) for _ in range(cases)]
     x = rng.random(V)
-    print(f"V = {V}, {platform.processor() or platform.machine()}, numpy {np.__version__}; "
-          f"median of {args.repeats} x 4 calls; ms per call (x argsort in the same clock)")
-    base = timed(lambda: np.argsort(x), args.repeats)
-    rows = [("argsort of V float64", base)]
+    rows = [(f"V={V} argsort of V float64", timed(lambda i: np.argsort(x), repeats))]
+    rule = RULES["optimal"]
     for k in (2, 4, 8):
-        d = rng.choice(V, size=k, p=q)
-        u = rng.random(k + 1)
-        rows.append((f"race k={k}: plan + verify",
-                     timed(lambda d=d, u=u, k=k: race_plan(p, q, k).verify(d, u), args.repeats)))
-        rows.append((f"race k={k}: + residual",
-                     timed(lambda k=k: race_plan(p, q, k).residual, args.repeats)))
+        drafts = [rng.choice(V, size=k, p=q) for _, q in pairs]
 
-        def rule_call(d=d, u=u):
+        def sample(i, k=k, drafts=drafts):
             opt.clear_plan_cache()
-            return RULES["optimal"].verify(p, q, d, u)
+            p, q = pairs[i % cases]
+            return rule.sample(p, q, drafts[i % cases], rng)
 
-        rows.append((f"RULES['optimal'].verify k={k}", timed(rule_call, args.repeats)))
+        rows.append((f"  k={k} RULES['optimal'].sample", timed(sample, repeats)))
+        rows.append((f"  k={k} plan alone", timed(
+            lambda i, k=k: race_plan(*pairs[i % cases], k), repeats)))
+        rows.append((f"  k={k} plan + residual", timed(
+            lambda i, k=k: race_plan(*pairs[i % cases], k).residual, repeats)))
+    return rows
+
+
+def small_supports(repeats: int, rng: np.random.Generator) -> list[tuple[str, tuple]]:
+    rows = []
+    p, q = laws(rng, 49152, "softmax")
     for k, m in ((2, 64), (3, 16)):
         pt, qt = top(p, m), top(q, m)
-        d = rng.choice(V, size=k, p=qt)
+        d = rng.choice(pt.size, size=k, p=qt)
         u = rng.random(k + 1)
         for sampler in ("race", "plan"):
             rule = Optimal(sampler=sampler)
 
-            def call(rule=rule, d=d, u=u, pt=pt, qt=qt):
+            def call(i, rule=rule, d=d, u=u, pt=pt, qt=qt):
                 opt.clear_plan_cache()
                 return rule.verify(pt, qt, d, u)
 
-            rows.append((f"top-{m} supports k={k}: {sampler}", timed(call, args.repeats)))
-    print(f"{'':38}{'CPU ms':>9}{'x':>7}{'wall ms':>10}{'x':>7}")
-    for name, (c, w) in rows:
-        print(f"{name:38}{c:9.3f}{c / base[0]:7.1f}{w:10.3f}{w / base[1]:7.1f}")
+            rows.append((f"top-{m} supports k={k}: {sampler}", timed(call, repeats)))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--vocab", default="49152,262144")
+    ap.add_argument("--laws", choices=("dirichlet", "softmax"), default="dirichlet")
+    ap.add_argument("--repeats", type=int, default=41)
+    ap.add_argument("--cases", type=int, default=16)
+    ap.add_argument("--top-pad", type=int, default=0, metavar="MB",
+                    help="keep this much freed heap mapped (glibc mallopt(M_TOP_PAD))")
+    args = ap.parse_args()
+    if args.top_pad:
+        M_TOP_PAD = -2                                   # glibc's malloc.h
+        if not ctypes.CDLL("libc.so.6").mallopt(M_TOP_PAD, args.top_pad << 20):
+            raise SystemExit("--top-pad: glibc's mallopt refused M_TOP_PAD")
+    rng = np.random.default_rng(11)
+    print(f"{platform.processor() or platform.machine()}, numpy {np.__version__}; {args.laws} "
+          f"laws, fresh every call; median of {args.repeats} calls; ms per call "
+          "(x the argsort of the same V, in the same clock); glibc top pad "
+          f"{args.top_pad} MB")
+    print(f"{'':38}{'CPU ms':>9}{'x':>7}{'wall ms':>10}{'x':>7}{'faults':>8}")
+    for V in (int(v) for v in args.vocab.split(",")):
+        rows = full_vocabulary(V, args.laws, args.repeats, args.cases, rng)
+        base = rows[0][1]
+        for name, (c, w, f) in rows:
+            print(f"{name:38}{c:9.3f}{c / base[0]:7.1f}{w:10.3f}{w / base[1]:7.1f}{f:8.0f}")
+    rows = small_supports(args.repeats, rng)
+    print("\nsmall supports (a plan fits): ms per call, race against the plan")
+    for name, (c, w, f) in rows:
+        print(f"{name:38}{c:9.3f}{'':7}{w:10.3f}{'':7}{f:8.0f}")
 
 
 if __name__ == "__main__":
