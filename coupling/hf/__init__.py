@@ -33,9 +33,9 @@ Another tokenizer. With ``tokenizers=(tokenizer, assistant_tokenizer)`` the assi
 use another vocabulary, one chain per row: it drafts the pieces both share, its law
 restricted to them and renormalised over the target's ids (Timor et al.'s TLI), or, with
 ``proposal="retokenized"``, its own tokens, re-encoded by the target's tokenizer (SLEM with
-``strict``); its context is the row's text re-encoded at every step (:mod:`.vocab`). Models with sliding-window layers
-run while a row's cache fits in the window (there they attend as full layers do) and are
-refused past it.
+``strict``); its context is the row's text re-encoded at every step (:mod:`.vocab`).
+Models with sliding-window layers run while a row's cache fits in the window (there they
+attend as full layers do) and are refused past it.
 
 Batches. Rows accept different numbers of tokens per step: the caches hold them as a padded
 ``DynamicCache`` whose rejected columns are masked like left padding (:mod:`.ragged`); rows

@@ -12,13 +12,13 @@ Two proposals of Timor et al. (arXiv:2502.05202), :data:`PROPOSALS`:
     the assistant drafts ``gamma + 1`` tokens of its own vocabulary; the drafted text, encoded
     by the target's tokenizer after the row's text, gives the candidate (its last token
     dropped, since more text could merge it, and at most ``gamma``; a shorter one is padded by
-    repeating its last token, or the row's). Given the assistant's draws the candidate is determined,
-    and its draws are independent of the verifier's: ``q`` is the point mass at each drafted
-    token, and every rule verifies it losslessly, accepting a draft ``x`` with the target's
-    own probability ``p(x)`` (exact match's acceptance: ``strict`` is SLEM itself). The
-    string-level law SLRS divides by sums over every tokenization of the drafted string, a sum
-    that grows exponentially with its length (the paper's cost argument); it is exact in
-    :mod:`coupling.vocab` on small vocabularies only.
+    repeating its last token, or the row's). Given the assistant's draws the candidate is
+    determined, and its draws are independent of the verifier's: ``q`` is the point mass at
+    each drafted token, and every rule verifies it losslessly (token verification accepts a
+    draft ``x`` with the target's own probability ``p(x)``, exact match's acceptance:
+    ``strict`` is SLEM itself). The string-level law SLRS divides by sums over every
+    tokenization of the drafted string, a sum that grows exponentially with its length (the
+    paper's cost argument); it is exact in :mod:`coupling.vocab` on small vocabularies only.
 
 :mod:`coupling.vocab` proves both exactly on toy tokenizers.
 
@@ -68,7 +68,13 @@ def shared_token_ids(tokenizer, assistant_tokenizer) -> tuple[np.ndarray, np.nda
     """``(assistant ids, target ids)`` of the shared pieces (module glossary), by assistant id.
 
     Works on any two Hugging Face tokenizers (``get_vocab``, ``convert_ids_to_tokens``,
-    ``all_special_ids``)."""
+    ``all_special_ids``).
+
+    >>> from coupling.vocab import to_transformers, toy_tokenizers
+    >>> d, t = shared_token_ids(*(to_transformers(tok) for tok in toy_tokenizers()))
+    >>> dict(zip(d.tolist(), t.tolist()))
+    {0: 0, 1: 1, 2: 2}
+    """
     mark_t, mark_d = _space_mark(tokenizer), _space_mark(assistant_tokenizer)
     special = set(tokenizer.all_special_ids)
     target = {p: i for p, i in tokenizer.get_vocab().items() if i not in special}
