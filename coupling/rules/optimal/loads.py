@@ -48,10 +48,14 @@ LINEAR_SPAN = 600.0
 
 def _geometric(lo: np.ndarray, hi: np.ndarray, k: int) -> np.ndarray:
     r""":math:`\sum_{m<k} lo^m hi^{k-1-m}`, i.e. :math:`(lo^k - hi^k)/(lo - hi)` without
-    cancelling."""
-    out = np.zeros_like(lo)
-    for m in range(k):
-        out += lo**m * hi ** (k - 1 - m)
+    cancelling: Horner's rule :math:`s_{j+1} = lo\, s_j + hi^j`, products and sums of
+    non-negative terms only (a float power per term costs more than the whole product)."""
+    out = np.ones_like(lo)
+    power = np.ones_like(hi)
+    for _ in range(k - 1):
+        power *= hi
+        out *= lo
+        out += power
     return out
 
 
