@@ -30,7 +30,7 @@ same process and clock.
 Usage::
 
     python benchmarks/bench_optimal_sampler.py [--vocab 49152,262144] [--laws dirichlet]
-                                               [--top-pad 64]
+                                               [--top-pad 256]
 """
 
 from __future__ import annotations
