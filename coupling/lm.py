@@ -30,6 +30,7 @@ __all__ = [
     "ModelCache",
     "as_model",
     "check_context",
+    "common_prefix",
     "check_models",
     "check_length",
     "as_law",
@@ -188,6 +189,29 @@ def _token_id(t: object) -> int | None:
         return operator.index(t)
     except TypeError:
         return None
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix of two token lists.
+
+    Bisects on slice equality (compared in C) rather than walking the lists in Python: a
+    step's caches agree with the committed text on all but the last few of some hundreds of
+    tokens, and the walk cost 0.1-0.2 ms per call.
+
+    >>> common_prefix([5, 1, 2], [5, 1, 3, 4])
+    2
+    """
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n                 # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 def check_context(context: Sequence[int], V: int | None = None) -> tuple[int, ...]:

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 from ..keyed import STREAM_DRAFT
+from ..lm import common_prefix
 from ..torch_backend import sample_rows, uniforms
 from .ragged import RaggedCache
 
@@ -165,10 +166,7 @@ class Retokenizer:
         drop, rest = [], []
         for r, ctx in enumerate(self.context):
             new, old = self.encode(ctx), self.cached[r]
-            m = 0
-            while m < min(len(new), len(old)) and new[m] == old[m]:
-                m += 1
-            m = min(m, len(new) - 1)
+            m = min(common_prefix(new, old), len(new) - 1)
             drop.append(len(old) - m)
             rest.append(new[m:])
             self.cached[r] = new

@@ -24,6 +24,7 @@ import time
 import numpy as np
 import torch
 
+from ..lm import common_prefix
 from .models import GROUPED_SDPA
 
 __all__ = ["CachedLM", "TREE_ATTENTION", "TREE_MODEL_TYPES", "check_prompt", "common_prefix",
@@ -47,26 +48,6 @@ def check_prompt(prompt: list[int], vocab_size: int | None) -> list[int]:
 def vocab_size(model) -> int | None:
     """The model's vocabulary size from its config (None if it has none)."""
     return getattr(getattr(model, "config", None), "vocab_size", None)
-
-
-def common_prefix(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix of two token lists.
-
-    Bisects on slice equality (compared in C) rather than walking the lists in Python: a
-    step's caches agree with the committed text on all but the last few of some hundreds of
-    tokens, and the walk cost 0.1-0.2 ms per call.
-    """
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n                 # invariant: a[:lo] == b[:lo] and a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def chain_parents(k: int, g: int) -> list[int]:
