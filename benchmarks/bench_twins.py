@@ -185,7 +185,7 @@ def configurations(k: int) -> list[tuple[str, int]]:
     Gumbel-max token)."""
     rows = [(name, 1 if rule.max_drafts == 1 else min(k, rule.max_drafts or k))
             for name, rule in RULES.items()]
-    return rows + [("gumbel", k)]
+    return list(dict.fromkeys(rows + [("gumbel", k)]))          # once at k = 1
 
 
 def own_roots(rule, name: str, d: torch.Tensor, q: torch.Tensor, tree: int) -> torch.Tensor:

@@ -24,6 +24,29 @@ strictly inside (0, 1) on a grid of step ``2**-53`` (in float64 the top cell's c
 :math:`1 - 2^{-54}` rounds to 1, so :func:`to_unit` keeps it at :math:`1 - 2^{-53}`), so
 ``-log(u)`` and ``-log(-log(u))`` are always finite.
 
+Gumbel noise: a race of exponential clocks, hashed by blocks
+------------------------------------------------------------
+The Gumbel-max couplings need, per (seed, position), one standard Gumbel value per token,
+:math:`G_v = -\log E_v` with :math:`E_v` i.i.d. standard exponential. The clocks are built
+by blocks of :data:`GUMBEL_BLOCK` = 64 consecutive tokens (the last block padded with tokens
+no law reaches), by the memorylessness of the exponential law: of ``n`` i.i.d. clocks the
+smallest is :math:`\mathrm{Exp}(n)`, it belongs to a uniformly random one ``J``, and the
+others exceed it by i.i.d. :math:`\mathrm{Exp}(1)` amounts, all independent. So, with
+``b = v // 64`` and the block's hash ``h_b = h(s, t, STREAM_GUMBEL_BLOCK, b)``,
+
+.. math::
+
+    E_{\min}(b) = -\log U(h_b) / 64, \qquad J_b = h_b \bmod 64, \qquad
+    E_v = E_{\min}(b) + [\,v \bmod 64 \ne J_b\,]\,
+          \bigl(-\log U(s, t, \mathrm{STREAM\_GUMBEL}, v)\bigr),
+
+(``J_b`` from the hash's low six bits, which ``U`` drops). The law is exactly that of i.i.d.
+clocks; what the blocks buy is a bound: no token of block ``b`` scores more than
+:math:`\max_{v \in b} w_v / E_{\min}(b)` in ``argmax_v w_v / E_v`` (the Gumbel-max sample of
+``w``), and token ``64 b + J_b`` attains its clock exactly. An exact argmax
+(:func:`coupling.torch_backend.rng.gumbel_argmax`) hashes the tokens of the few blocks whose
+bound beats the best such token, not the whole vocabulary.
+
 The hash is written once (:func:`mix`, :func:`hash_prefix`, :func:`to_unit`) over a two-entry
 array backend: numpy ``uint64`` (:data:`NUMPY`) and torch ``int64`` holding the same bit
 patterns (:func:`torch_backend`, right shifts masked to be logical).
@@ -79,6 +102,12 @@ __all__ = [
     "to_unit",
     "uniforms",
     "call_uniforms",
+    "STREAM_GUMBEL_BLOCK",
+    "GUMBEL_BLOCK",
+    "gumbel_prefixes",
+    "block_clocks",
+    "clocks",
+    "exponentials",
     "gumbel_noise",
     "NOISE_ULPS",
     "noise_gap",
@@ -92,6 +121,11 @@ STREAM_SAMPLE = 1
 STREAM_GUMBEL = 2
 #: free for drafters that want keyed randomness of their own
 STREAM_DRAFT = 3
+#: the smallest clock of each block of Gumbel keys (counter: the block, ``token // 64``)
+STREAM_GUMBEL_BLOCK = 4
+#: tokens per block of the Gumbel clocks (a power of two: the slot is the hash's low bits)
+GUMBEL_BLOCK = 64
+_BLOCK_BITS = GUMBEL_BLOCK.bit_length() - 1
 #: the largest number of draft branches; coin counters are ``offset * MAX_DRAFTS + branch``
 MAX_DRAFTS = 256
 
@@ -111,7 +145,8 @@ class Backend(NamedTuple):
     ``key(x)``: integer keys as hash words; ``const(c)``: a uint64 constant as a hash word;
     ``shift(z, s, out)``: ``z >> s`` into ``out`` (arithmetic or logical: the caller masks);
     ``empty_like``; ``unit(h)``: the top 53 bits of ``h`` as float64 (exact);
-    ``clip_below_one(u)``: ``u`` with 1.0 moved to the largest float64 below 1, in place.
+    ``clip_below_one(u)``: ``u`` with 1.0 moved to the largest float64 below 1, in place;
+    ``log`` and ``where``: the array library's.
     """
 
     key: Callable
@@ -120,6 +155,8 @@ class Backend(NamedTuple):
     empty_like: Callable
     unit: Callable
     clip_below_one: Callable
+    log: Callable
+    where: Callable
 
 
 NUMPY = Backend(
@@ -129,6 +166,8 @@ NUMPY = Backend(
     empty_like=np.empty_like,
     unit=lambda h: (h >> np.uint64(11)).astype(np.float64),
     clip_below_one=lambda u: np.minimum(u, 1.0 - 2.0**-53, out=u),
+    log=np.log,
+    where=np.where,
 )
 
 
@@ -152,6 +191,8 @@ def torch_backend() -> Backend:
         empty_like=torch.empty_like,
         unit=unit,
         clip_below_one=lambda u: u.clamp_(max=1.0 - 2.0**-53),
+        log=torch.log,
+        where=torch.where,
     )
 
 
@@ -224,9 +265,65 @@ def noise_gap(a, b) -> float:
     return float(np.max(np.abs(a - b) / scale, initial=0.0))
 
 
+def gumbel_prefixes(seed, position, xp: Backend = NUMPY):
+    """The hashes of the Gumbel streams' keys without their counters, ``(tokens', blocks')``
+    (``hash_prefix`` at ``STREAM_GUMBEL`` and ``STREAM_GUMBEL_BLOCK``), each of the broadcast
+    shape of ``seed`` and ``position`` plus a trailing axis of 1; the (seed, position) stages
+    are hashed once for both."""
+    g = xp.const(GOLDEN)
+    h = mix(mix(xp.key(seed) + g, xp) ^ (xp.key(position) + g), xp)[..., None]
+    streams = xp.key([STREAM_GUMBEL, STREAM_GUMBEL_BLOCK]) + g
+    both = mix(h ^ streams, xp)                                        # [..., 2]
+    return both[..., :1], both[..., 1:]
+
+
+def block_clocks(prefix, blocks, xp: Backend = NUMPY):
+    """Each block's smallest Gumbel clock and the slot holding it, ``(E_min, J)``: float64 and
+    hash words ``[..., len(blocks)]`` (``prefix``: the blocks' prefix of
+    :func:`gumbel_prefixes`; module doc)."""
+    h = mix(prefix ^ (xp.key(blocks) + xp.const(GOLDEN)), xp)
+    e_min = xp.log(to_unit(h, xp))
+    e_min *= -1.0 / GUMBEL_BLOCK                     # a power of two: exact
+    return e_min, h & (GUMBEL_BLOCK - 1)
+
+
+def clocks(prefix, tokens, e_min, slot, xp: Backend = NUMPY):
+    """The clocks ``E_v`` of ``tokens`` given their blocks' ``(E_min, J)`` (entry for entry):
+    ``E_min`` at the block's slot, ``E_min - log U(seed, position, STREAM_GUMBEL, v)``
+    elsewhere (``prefix``: the tokens' prefix of :func:`gumbel_prefixes`)."""
+    tokens = xp.key(tokens)
+    e = xp.log(to_unit(mix(prefix ^ (tokens + xp.const(GOLDEN)), xp), xp))
+    e *= -1.0
+    e += e_min
+    return xp.where(slot == (tokens & (GUMBEL_BLOCK - 1)), e_min, e)
+
+
+def exponentials(seed, position, tokens, xp: Backend = NUMPY, *, whole: bool = False):
+    """The Gumbel clocks ``E_v`` of ``tokens`` (a 1-D array of ids) at every (seed, position)
+    (broadcast), float64 ``[..., len(tokens)]``.
+
+    ``whole``: ``tokens`` is ``arange(V)``; each block is then hashed once, not once per token
+    (the same bits).
+
+    >>> e = exponentials(1, 2, np.arange(130), whole=True)
+    >>> e.shape, bool(np.array_equal(e[:, 5:9], exponentials(1, 2, np.arange(5, 9))))
+    ((1, 130), True)
+    >>> int(np.sum(e[0, :64] == e[0, :64].min())), bool(np.all(e > 0))
+    (1, True)
+    """
+    tokens = xp.key(tokens)
+    blocks = tokens >> _BLOCK_BITS
+    at_tokens, at_blocks = gumbel_prefixes(seed, position, xp)
+    if whole:                   # the block of every 64th token is arange(number of blocks)
+        e_min, slot = block_clocks(at_blocks, blocks[::GUMBEL_BLOCK], xp)
+        e_min, slot = e_min[..., blocks], slot[..., blocks]
+    else:
+        e_min, slot = block_clocks(at_blocks, blocks, xp)
+    return clocks(at_tokens, tokens, e_min, slot, xp)
+
+
 def gumbel_noise(seed: int, positions, tokens) -> np.ndarray:
-    """Standard Gumbel noise ``-log(-log U(seed, position, STREAM_GUMBEL, token))`` in numpy,
+    """Standard Gumbel noise ``G = -log E`` (:func:`exponentials`) in numpy,
     ``[len(positions), len(tokens)]``: the entries of the torch twins' keyed noise vectors."""
-    pos = np.asarray(positions, dtype=np.uint64).reshape(-1, 1)
-    u = uniforms(seed, pos, STREAM_GUMBEL, np.asarray(tokens, dtype=np.uint64).reshape(1, -1))
-    return -np.log(-np.log(u))
+    pos = np.asarray(positions, dtype=np.uint64).reshape(-1)
+    return -np.log(exponentials(np.uint64(seed), pos, np.asarray(tokens, dtype=np.uint64)))

@@ -28,6 +28,7 @@ from coupling.keyed import (
     NUMPY,
     STREAM_ACCEPT,
     STREAM_GUMBEL,
+    STREAM_GUMBEL_BLOCK,
     STREAM_SAMPLE,
     call_uniforms,
     keyed_hash,
@@ -37,6 +38,7 @@ from coupling.keyed import (
 from coupling.torch_backend import gumbel_noise, keyed_uniforms, uniforms
 from coupling.torch_backend.common import accept_uniforms, coin_uniforms, sample_uniforms
 from coupling.torch_backend.rng import call_uniforms as torch_call_uniforms
+from coupling.torch_backend.rng import gumbel_argmax
 
 from .torch_helpers import ALPHA, chi2_pvalue
 
@@ -154,10 +156,19 @@ def test_stream_layout_of_a_call():
     assert np.array_equal(call_uniforms(seed, pos, g, 1)[1], u)
     s, t = torch.tensor([seed]), torch.tensor([pos])
     assert np.array_equal(accept_uniforms(s, t, g)[0].numpy(), coins[:, 0])
-    noise = keyed.gumbel_noise(seed, [pos, pos + 1], np.arange(5))
+    # Gumbel noise: per block of 64 tokens, the smallest clock and its slot from one hash,
+    # the other clocks exceed it by -log U(seed, position, STREAM_GUMBEL, token)
+    tokens = np.arange(150)
+    noise = keyed.gumbel_noise(seed, [pos, pos + 1], tokens)
     for r, position in enumerate((pos, pos + 1)):
-        v = keyed.uniforms(seed, position, STREAM_GUMBEL, np.arange(5))
-        assert np.array_equal(noise[r], -np.log(-np.log(v)))
+        clocks = []
+        for block in range(3):
+            h = keyed_hash(seed, position, STREAM_GUMBEL_BLOCK, block)
+            e_min, slot = -np.log(to_unit(h)) / 64, int(h[0] % 64)
+            v = tokens[64 * block:64 * block + 64]
+            e = -np.log(keyed.uniforms(seed, position, STREAM_GUMBEL, v)) + e_min
+            clocks.append(np.where(v % 64 == slot, e_min, e))
+        assert np.array_equal(noise[r], -np.log(np.concatenate(clocks)))
 
 
 def test_uniforms_are_keyed_by_seed_position_stream():
@@ -242,3 +253,75 @@ def test_gumbel_noise_at_tokens_is_the_full_vectors_entries():
                 torch.tensor([0.5])):
         with pytest.raises(ValueError, match="tokens"):
             gumbel_noise(seeds, pos, 1000, tokens=bad)
+
+
+# ------------------------------------------------------------- Gumbel clocks built by blocks
+def _block_statistics(E: np.ndarray) -> list[float]:
+    """p-values that the clocks ``E [n, 64]`` of one block under ``n`` keys are i.i.d.
+    standard exponential: the pooled marginal, the block minimum times 64 (Exp(1)), the
+    winning slot (uniform), and two slots jointly (independent, a 10 x 10 grid)."""
+    u = np.exp(-E)                                    # uniform if E is Exp(1)
+    cells = np.floor(u[:, [3, 40]] * 10).astype(int)
+    pair = np.bincount(cells[:, 0] * 10 + cells[:, 1], minlength=100)
+    return [stats.kstest(E.ravel(), "expon").pvalue,
+            stats.kstest(E.min(1) * 64, "expon").pvalue,
+            chi2_pvalue(np.bincount(E.argmin(1), minlength=64), np.full(64, 1 / 64)),
+            chi2_pvalue(pair, np.full(100, 0.01))]
+
+
+def test_block_clocks_are_iid_exponential():
+    """Memorylessness makes the blocks' clocks i.i.d. Exp(1): each of four tests at level
+    ``ALPHA`` (fixed keys), on a block of the vocabulary's interior and on the padded last
+    block. The control, which adds the excess to the slot's clock too, fails."""
+    seeds = np.arange(40_000, dtype=np.uint64)
+    for tokens in (np.arange(128, 192), np.arange(1000, 1064)):
+        E = keyed.exponentials(seeds, np.uint64(11), tokens)
+        assert min(_block_statistics(E)) > ALPHA
+    _, at_blocks = keyed.gumbel_prefixes(seeds, np.uint64(11))
+    e_min, _ = keyed.block_clocks(at_blocks, np.array([2], dtype=np.uint64))
+    excess = -np.log(keyed.uniforms(seeds[:, None], np.uint64(11), STREAM_GUMBEL,
+                                    np.arange(128, 192)))
+    assert min(_block_statistics(e_min + excess)) < 1e-12
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 400), st.integers(0, 2**32), st.sampled_from(["dense", "sparse", "flat"]))
+def test_gumbel_argmax_is_the_full_vectors_argmax(V, seed, kind):
+    """The pruned argmax hashes a few blocks and returns the full vector's ``argmax(log w + G)``
+    on dense, sparse (most entries 0, padded last blocks) and flat weights."""
+    gen = torch.Generator().manual_seed(seed)
+    R = 5
+    w = torch.softmax(3 * torch.randn(R, V, generator=gen), -1)
+    if kind == "sparse":
+        w = w * (torch.rand(R, V, generator=gen) < 0.05)
+        w[:, V - 1] += 1e-3                           # every row keeps some mass
+    elif kind == "flat":
+        w = torch.ones(R, V)
+    s = torch.randint(0, 2**40, (R,), generator=gen)
+    t = torch.randint(0, 2**20, (R,), generator=gen)
+    full = (w.double().log() + gumbel_noise(s, t, V, dtype=torch.float64)).argmax(-1)
+    assert torch.equal(gumbel_argmax(w, s, t), full)
+    assert torch.equal(gumbel_argmax(w.to(torch.bfloat16), s, t),
+                       (w.to(torch.bfloat16).double().log()
+                        + gumbel_noise(s, t, V, dtype=torch.float64)).argmax(-1))
+
+
+def test_gumbel_argmax_at_a_real_vocabulary():
+    """Softmax laws over Gemma 3's vocabulary and one point mass: the full vector's argmax."""
+    V, R = 262_144, 4
+    w = torch.softmax(3 * torch.randn(R, V, generator=torch.Generator().manual_seed(3)), -1)
+    w[3] = 0.0
+    w[3, V - 5] = 1.0
+    s, t = torch.arange(R), torch.arange(R) + 100
+    full = (w.double().log() + gumbel_noise(s, t, V, dtype=torch.float64)).argmax(-1)
+    assert torch.equal(gumbel_argmax(w, s, t), full) and int(full[3]) == V - 5
+
+
+def test_gumbel_argmax_refuses_bad_input():
+    s = torch.tensor([1, 2])
+    with pytest.raises(ValueError, match="weights must be a floating tensor"):
+        gumbel_argmax(torch.ones(2, 3, dtype=torch.int64), s, s)
+    with pytest.raises(ValueError, match="weights must be a floating tensor"):
+        gumbel_argmax(torch.ones(2, 0), s, s)
+    with pytest.raises(ValueError, match="seeds and positions must be int64 tensors"):
+        gumbel_argmax(torch.ones(3, 5), s, s)

@@ -25,6 +25,7 @@ __all__ = [
     "uniforms",
     "call_uniforms",
     "gumbel_noise",
+    "gumbel_argmax",
 ]
 
 
@@ -114,7 +115,8 @@ def _vocab(vocab_size: int, device: torch.device) -> torch.Tensor:
 def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int, *,
                  tokens: torch.Tensor | None = None, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None) -> torch.Tensor:
-    """Standard Gumbel noise ``G[..., v] = -log(-log U(seed, position, STREAM_GUMBEL, v))``.
+    """Standard Gumbel noise ``G[..., v] = -log E_v``, the keyed clocks of
+    :func:`coupling.keyed.exponentials` at (seed, position).
 
     ``seeds`` and ``positions`` broadcast against each other (e.g. ``[B, 1]`` and ``[B, n]``);
     the result has their broadcast shape plus a trailing ``[V]`` axis. A drafter and a verifier
@@ -139,9 +141,61 @@ def gumbel_noise(seeds: torch.Tensor, positions: torch.Tensor, vocab_size: int, 
         if v.ndim != 1 or (v.numel() and (int(v.min()) < 0 or int(v.max()) >= vocab_size)):
             raise ValueError(f"tokens must be a 1-D tensor of ids in [0, {vocab_size}), got "
                              f"shape {tuple(v.shape)}")
+    E = keyed.exponentials(s, t, v, keyed.torch_backend(), whole=tokens is None)
+    # -log E in float64 then cast: the noise is identical on every call
+    return E.log_().neg_().to(dtype)
+
+
+def gumbel_argmax(weights: torch.Tensor, seeds: torch.Tensor,
+                  positions: torch.Tensor) -> torch.Tensor:
+    """The keyed Gumbel-max sample of each row: ``argmax_v log w[r, v] + G(seeds[r],
+    positions[r], v)``, i.e. ``argmax_v w[r, v] / E_v`` (:func:`coupling.keyed.exponentials`),
+    without hashing the whole vocabulary.
+
+    ``weights``: ``[R, V]``, non-negative, each row with some positive entry (any positive
+    multiple of a law gives the same token); ``seeds``, ``positions``: int64 ``[R]``. Returns
+    int64 ``[R]``.
+
+    Each block of 64 tokens is bounded by ``max_v w_v / E_min(b)``, and its slot ``J_b``'s
+    score ``w / E_min(b)`` is exact; the blocks whose bound reaches the best slot score are the
+    only ones that can hold the winner, and only their tokens are hashed. The float64
+    quotients are monotone in ``w`` and ``E`` as rounded, so the bound holds as computed: the
+    token is the full vector's argmax of ``w / E`` (first index on exact ties), and that of
+    ``log w + G`` unless two scores lie within a few units in the last place.
+    """
+    if not isinstance(weights, torch.Tensor) or weights.ndim != 2 \
+            or not weights.dtype.is_floating_point or weights.shape[1] == 0:
+        raise ValueError("weights must be a floating tensor [R, V] with V >= 1, got "
+                         f"{getattr(weights, 'shape', type(weights))}")
+    R, V = weights.shape
+    if tuple(seeds.shape) != (R,) or tuple(positions.shape) != (R,):
+        raise ValueError(f"seeds and positions must be int64 tensors [R] = [{R}], got "
+                         f"{tuple(seeds.shape)} and {tuple(positions.shape)}")
+    n = keyed.GUMBEL_BLOCK
     xp = keyed.torch_backend()
-    # hash the (seed, position, stream) prefix once per row, the vocabulary index per entry
-    prefix = keyed.hash_prefix(s, t, STREAM_GUMBEL, xp).unsqueeze(-1)
-    u = keyed.to_unit(keyed.mix(prefix ^ (v + xp.const(keyed.GOLDEN)), xp), xp)
-    # -log(-log u) in float64 then cast: the noise is identical on every call
-    return u.log_().neg_().log_().neg_().to(dtype)
+    at_tokens, at_blocks = keyed.gumbel_prefixes(seeds.to(torch.int64),
+                                                 positions.to(torch.int64), xp)  # [R, 1]
+    full = V // n
+    top = weights[:, :full * n].reshape(R, full, n).amax(-1)                 # [R, nb]
+    if V > full * n:
+        top = torch.cat([top, weights[:, full * n:].amax(-1, keepdim=True)], 1)
+    nb = top.shape[1]
+    e_min, slot = keyed.block_clocks(at_blocks, _vocab(nb, weights.device), xp)  # [R, nb]
+    bound = top.to(torch.float64) / e_min
+    at_slot = _vocab(nb, weights.device) * n + slot                          # [R, nb]
+    w_slot = weights.gather(1, at_slot.clamp(max=V - 1)).to(torch.float64)
+    w_slot.masked_fill_(at_slot >= V, 0.0)                                   # padding tokens
+    best = (w_slot / e_min).amax(1, keepdim=True)                            # [R, 1]
+    row, blk = ((bound >= best) & (top > 0)).nonzero(as_tuple=True)          # [P]
+    tok = blk.unsqueeze(1) * n + _vocab(n, weights.device)                   # [P, 64]
+    E = keyed.clocks(at_tokens[row], tok, e_min[row, blk].unsqueeze(1),
+                     slot[row, blk].unsqueeze(1), xp)
+    inside = tok < V
+    w = weights[row.unsqueeze(1), tok.clamp(max=V - 1)].to(torch.float64)
+    score = (w / E).masked_fill_(~inside, -1.0)
+    val, idx = score.max(1)                                                  # [P]
+    row_best = torch.full((R,), -1.0, dtype=torch.float64, device=weights.device)
+    row_best.scatter_reduce_(0, row, val, "amax")
+    winner = torch.where(val == row_best[row], blk * n + idx, V)
+    out = torch.full((R,), V, dtype=torch.int64, device=weights.device)
+    return out.scatter_reduce_(0, row, winner, "amin")

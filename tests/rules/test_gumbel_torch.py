@@ -85,6 +85,26 @@ def test_precomputed_noise_gives_the_same_verdict():
         verify(X, P, Q, seeds=seeds, positions=pos, noise=noise[:, :-2])
 
 
+@pytest.mark.parametrize("ahead", [1, 2000, 10**9])
+def test_chains_look_ahead_to_the_walks_verdict(monkeypatch, ahead):
+    """One branch per request: the target's tokens of several positions per call (``AHEAD``
+    entries: one position, some, every position at once) give the tree walk's verdict,
+    which precomputed noise forces, on rows that stop early, late and at the bonus."""
+    rng = np.random.default_rng(5)
+    B, g, V = 12, 5, 70
+    P = torch.tensor(rng.dirichlet(np.full(V, 0.2), size=(B, 1, g + 1)))
+    Q = P[:, :, :g].clone()
+    Q[: B // 2] = torch.tensor(rng.dirichlet(np.full(V, 0.2), size=(B // 2, 1, g)))
+    seeds, pos = torch.arange(B) + 40, torch.tensor(rng.integers(0, 100, B))
+    X = draft(Q, seeds.view(B, 1, 1), pos.view(B, 1, 1) + torch.arange(g))
+    noise = gumbel_noise(seeds[:, None], pos[:, None] + torch.arange(g + 1), V, dtype=torch.float64)
+    monkeypatch.setattr(coupling.rules.gumbel.torch, "AHEAD", ahead)
+    got = verify(X, P, Q, seeds=seeds, positions=pos)
+    walk = verify(X, P, Q, seeds=seeds, positions=pos, noise=noise)
+    assert all(torch.equal(a, b) for a, b in zip(got, walk, strict=True))
+    assert {0, g} <= set(got.accepted.tolist())
+
+
 # ----------------------------------------------------------------------------- invariance
 def test_drafter_invariance(models):
     """Three different drafters (two draft models, i.i.d. or shared-noise drafting, k=1 or 3)

@@ -14,12 +14,18 @@ from __future__ import annotations
 
 import torch
 
-from ...torch_backend.common import Verdict, check_inputs, check_probs
-from ...torch_backend.laws import by_row_chunks
-from ...torch_backend.rng import gumbel_noise
+from ...torch_backend.common import Verdict, assemble, check_inputs, check_probs
+from ...torch_backend.rng import gumbel_argmax
 from ...torch_backend.tree import walk_tree
 
-__all__ = ["verify", "draft", "draft_branches", "target_tokens"]
+__all__ = ["verify", "draft", "draft_branches", "target_tokens", "AHEAD"]
+
+#: how many law entries a chain's look-ahead bounds in one call: the target's tokens at
+#: further positions are computed before the walk knows it reaches them while the rows cost
+#: less than a call's fixed cost (about 0.3 ms of small tensor operations on one CPU thread,
+#: against about 0.07 ms per row of 49152 entries: ``python benchmarks/bench_twins.py
+#: --rules gumbel --k 1``)
+AHEAD = 1 << 18
 
 
 def draft(
@@ -28,7 +34,9 @@ def draft(
     """Drafter side of the Gumbel coupling: ``argmax_v log q[..., v] + G(seed, position, v)``.
 
     ``q`` is ``[..., V]``; ``seeds`` and ``positions`` broadcast to ``q.shape[:-1]`` (e.g. a
-    ``[B]`` batch drafting the token at absolute position ``positions[b]``). float64.
+    ``[B]`` batch drafting the token at absolute position ``positions[b]``). The float64
+    argmax, hashing only the blocks of the vocabulary that can hold it
+    (:func:`~coupling.torch_backend.rng.gumbel_argmax`).
     """
     if not isinstance(q, torch.Tensor) or not q.dtype.is_floating_point or q.ndim < 1:
         raise ValueError("q must be a floating tensor [..., V] of draft probabilities")
@@ -36,9 +44,9 @@ def draft(
     s = torch.as_tensor(seeds, device=q.device)
     t = torch.as_tensor(positions, device=q.device)
     s, t = torch.broadcast_tensors(s, t)
-    s, t = s.expand(q.shape[:-1]), t.expand(q.shape[:-1])
-    G = gumbel_noise(s, t, q.shape[-1], dtype=torch.float64, device=q.device)
-    return torch.argmax(q.to(torch.float64).log() + G, -1)
+    lead, V = q.shape[:-1], q.shape[-1]
+    s, t = (x.expand(lead).reshape(-1) for x in (s, t))
+    return gumbel_argmax(q.reshape(-1, V), s, t).reshape(lead)
 
 
 def draft_branches(q: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
@@ -51,20 +59,13 @@ def draft_branches(q: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor
 def target_tokens(
     p_rows: torch.Tensor, seeds: torch.Tensor, positions: torch.Tensor
 ) -> torch.Tensor:
-    """``argmax_v log p[b, v] + G(seeds[b], positions[b], v)`` (float64), ``[B, V] -> [B]``.
-
-    A chunk of rows at a time (:func:`~coupling.torch_backend.laws.by_row_chunks`): the noise's
-    hashing and the float64 scores then never hold more than a chunk, where a whole batch's
-    would exceed one float32 copy of the laws."""
-    def score(p_c: torch.Tensor, s_c: torch.Tensor, t_c: torch.Tensor) -> torch.Tensor:
-        G = gumbel_noise(s_c, t_c, p_c.shape[-1], dtype=torch.float64, device=p_c.device)
-        G += p_c.to(torch.float64, copy=True).log_()     # fresh temporaries cost page faults
-        return torch.argmax(G, -1)
-
+    """``argmax_v log p[b, v] + G(seeds[b], positions[b], v)`` (float64), ``[B, V] -> [B]``
+    (:func:`~coupling.torch_backend.rng.gumbel_argmax`: the vocabulary's blocks that can hold
+    the winner are hashed, a few of them)."""
     n = p_rows.shape[0]
-    seeds, positions = (torch.as_tensor(t, device=p_rows.device).expand(n)
-                        for t in (seeds, positions))
-    return by_row_chunks(score, p_rows.shape[-1], p_rows, seeds, positions)
+    seeds, positions = (torch.as_tensor(x, device=p_rows.device).expand(n)
+                        for x in (seeds, positions))
+    return gumbel_argmax(p_rows, seeds, positions)
 
 
 def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None = None, *,
@@ -104,6 +105,8 @@ def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None = None,
             "(gumbel_noise(seeds, positions + i, V) for i = 0..gamma), or [B, gamma, V] without "
             "the bonus position, or None"
         )
+    if k == 1 and noise is None:
+        return _chain(drafts, p, seeds, positions)
     dummy_coins = torch.zeros(B, g, k, dtype=torch.float64, device=drafts.device)
     dummy_u = torch.zeros(B, g + 1, dtype=torch.float64, device=drafts.device)
 
@@ -121,3 +124,31 @@ def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None = None,
 
     # argmax(log p + G) is the same for any positive multiple of p: the rows as they are
     return walk_tree(step, drafts, p, q, dummy_coins, dummy_u, bonus=bonus, normalise=False)
+
+
+def _chain(drafts: torch.Tensor, p: torch.Tensor, seeds: torch.Tensor,
+           positions: torch.Tensor) -> Verdict:
+    """One branch per request (``drafts [B, 1, g]``, ``p [B, 1, g + 1, V]``): the walk of
+    :func:`verify` with the target's tokens of several positions per call (:data:`AHEAD`),
+    the same verdict."""
+    B, _, g = drafts.shape
+    V = p.shape[-1]
+    dev = drafts.device
+    accepted = torch.zeros(B, dtype=torch.int64, device=dev)
+    nxt = torch.zeros(B, dtype=torch.int64, device=dev)
+    act, i = torch.arange(B, device=dev), 0
+    while act.numel():
+        A = act.numel()
+        w = min(g + 1 - i, max(1, AHEAD // (A * V)))            # positions i .. i + w - 1
+        offsets = torch.arange(i, i + w, device=dev)
+        y = gumbel_argmax(p[act, 0, i:i + w].reshape(A * w, V), seeds[act].repeat_interleave(w),
+                          (positions[act].unsqueeze(1) + offsets).flatten()).view(A, w)
+        stop = torch.ones(A, w, dtype=torch.bool, device=dev)   # the bonus position stops
+        d = min(w, g - i)
+        stop[:, :d] = drafts[act, 0, i:i + d] != y[:, :d]
+        ends, first = stop.any(1), stop.to(torch.uint8).argmax(1)
+        done = act[ends]
+        accepted[done] = i + first[ends]
+        nxt[done] = y[ends, first[ends]]
+        act, i = act[~ends], i + w
+    return assemble(drafts, accepted, torch.zeros_like(accepted), nxt)
