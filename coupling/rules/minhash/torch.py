@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ...torch_backend.common import Verdict, sample_rows
+from ...torch_backend.common import Verdict, search_cdf
 from ...torch_backend.laws import by_row_chunks
 from ...torch_backend.tree import StepFn, first_true, verify_tree
 
@@ -32,10 +32,13 @@ def make_step(replacement: bool = True) -> StepFn:
     return step
 
 def _dart_draw(p_i, q_i, xs, u):
+    # the numpy core's terms in its order, on two whole-row temporaries instead of six
     p, q = p_i.to(torch.float64), q_i.to(torch.float64)
     px, qx = p.gather(1, xs), q.gather(1, xs)
-    row = qx * (p - q).clamp(min=0.0) + (qx - px).clamp(min=0.0) * p
-    return sample_rows(row.scatter_add(1, xs, torch.minimum(px, qx)), u)
+    row = torch.sub(p, q).clamp_(min=0.0).mul_(qx)
+    row += (qx - px).clamp_(min=0.0) * p
+    row.scatter_add_(1, xs, torch.minimum(px, qx))
+    return search_cdf(row.cumsum_(-1), u)
 
 
 def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor, *,
