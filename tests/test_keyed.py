@@ -6,9 +6,13 @@
   and draws, and Gumbel noise within ``keyed.NOISE_ULPS`` units in the last place (the
   promise of :mod:`coupling.keyed`), in every broadcast shape the rules use;
 * the stream layout: coins ``U(s, t, STREAM_ACCEPT, i * MAX_DRAFTS + j)``, draws
-  ``U(s, t, STREAM_SAMPLE, i)``, noise ``-log(-log U(s, t, STREAM_GUMBEL, v))``;
+  ``U(s, t, STREAM_SAMPLE, i)``, noise ``-log E_v`` with the clocks built by blocks of 64
+  (``STREAM_GUMBEL_BLOCK`` for each block's minimum and slot, ``STREAM_GUMBEL`` for the
+  others' excess);
 * the uniforms lie strictly inside (0, 1) (so ``-log(-log u)`` is finite), look uniform and
-  independent, and are fresh for every call of a request.
+  independent, and are fresh for every call of a request;
+* the block clocks are i.i.d. Exp(1) (a control that adds the excess to the slot fails), and
+  the argmax that hashes a few blocks is the full vector's.
 
 Chi-square and Kolmogorov-Smirnov tests run at ``ALPHA = 1e-4`` with fixed keys.
 """

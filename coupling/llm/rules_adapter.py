@@ -264,19 +264,15 @@ def _gumbel_noise_torch(seed: int, position: int, g: int, V: int, idx: torch.Ten
 
 
 def _gumbel_argmax(law: torch.Tensor, seed: int, position: int, name: str) -> torch.Tensor:
-    """argmax_v log law[r, v] + G(seed, position, v) per row r of law [rows, V] (float64).
-
-    Only tokens of positive mass can win, so the noise is hashed on the support alone
-    (``gumbel_noise(tokens=)``); the winner is the full-vocabulary argmax, bit for bit.
-    """
-    from coupling.torch_backend import check_probs, gumbel_noise
+    """argmax_v log law[r, v] + G(seed, position, v) per row r of law [rows, V] (float64):
+    :func:`coupling.torch_backend.rng.gumbel_argmax`, which hashes only the blocks of the
+    vocabulary that can hold the winner."""
+    from coupling.torch_backend import check_probs, gumbel_argmax
 
     check_probs(law, name)      # else a NaN or negative entry would simply never win
-    idx = support(law)
-    g = gumbel_noise(torch.tensor(seed, device=law.device),
-                     torch.tensor(position, device=law.device), law.shape[-1], tokens=idx,
-                     dtype=torch.float64, device=law.device)                    # [U]
-    return idx[torch.argmax(law[:, idx].double().log() + g, -1)]
+    rows = law.shape[0]
+    return gumbel_argmax(law, torch.full((rows,), seed, device=law.device),
+                         torch.full((rows,), position, device=law.device))
 
 
 def sample_target(rule: str, p: torch.Tensor, seed: int, position: int,

@@ -25,7 +25,7 @@ half-precision laws).
 from __future__ import annotations
 
 from .common import Verdict, check_inputs, check_probs, sample_rows
-from .rng import call_uniforms, gumbel_noise, keyed_uniforms, uniforms
+from .rng import call_uniforms, gumbel_argmax, gumbel_noise, keyed_uniforms, uniforms
 from .tree import walk_tree
 
 __all__ = [
@@ -37,5 +37,6 @@ __all__ = [
     "keyed_uniforms",
     "call_uniforms",
     "gumbel_noise",
+    "gumbel_argmax",
     "walk_tree",
 ]

@@ -78,10 +78,11 @@ def verify(drafts: torch.Tensor, p: torch.Tensor, q: torch.Tensor | None = None,
     accepts drafts while they agree with it. ``q`` is only validated (and may be None) and
     ``replacement`` is accepted for a uniform call signature: the output depends on neither.
     ``noise``: optional float64 ``[B, gamma+1, V]`` holding ``gumbel_noise(seeds, t + i, V)``
-    for ``i = 0..gamma``, e.g. kept from drafting with :func:`gumbel_draft`, to skip
-    recomputing it (hashing a whole vocabulary's noise is most of a position's cost); or
-    ``[B, gamma, V]``, the drafter's positions only: the bonus position's noise is then hashed
-    here, and only if the walk reaches it. The caller vouches that it is that noise.
+    for ``i = 0..gamma``, e.g. kept by a drafter that made whole vectors, which the walk then
+    reads instead of hashing (without it each position hashes the few blocks of the
+    vocabulary that can hold its token, :func:`~coupling.torch_backend.rng.gumbel_argmax`);
+    or ``[B, gamma, V]``, the drafter's positions only: the bonus position's token is then
+    found here, and only if the walk reaches it. The caller vouches that it is that noise.
     """
     if q is None:  # the rule never reads q: validate against a uniform stand-in
         if not isinstance(p, torch.Tensor) or p.ndim not in (3, 4) or not p.dtype.is_floating_point:
