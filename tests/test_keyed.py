@@ -329,3 +329,6 @@ def test_gumbel_argmax_refuses_bad_input():
         gumbel_argmax(torch.ones(2, 0), s, s)
     with pytest.raises(ValueError, match="seeds and positions must be int64 tensors"):
         gumbel_argmax(torch.ones(3, 5), s, s)
+    for bad in (torch.zeros(2, 70), torch.full((2, 70), float("nan"))):
+        with pytest.raises(ValueError, match="no positive finite entry"):
+            gumbel_argmax(bad, s, s)

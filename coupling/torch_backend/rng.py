@@ -198,4 +198,8 @@ def gumbel_argmax(weights: torch.Tensor, seeds: torch.Tensor,
     row_best.scatter_reduce_(0, row, val, "amax")
     winner = torch.where(val == row_best[row], blk * n + idx, V)
     out = torch.full((R,), V, dtype=torch.int64, device=weights.device)
-    return out.scatter_reduce_(0, row, winner, "amin")
+    out.scatter_reduce_(0, row, winner, "amin")
+    if bool((out == V).any()):          # the nonzero above synced already: no extra wait
+        raise ValueError("weights: some row has no positive finite entry; pass non-negative "
+                         "weights with some mass in every row")
+    return out
