@@ -97,6 +97,7 @@ __all__ = [
     "NUMPY",
     "torch_backend",
     "mix",
+    "stream_prefixes",
     "hash_prefix",
     "keyed_hash",
     "to_unit",
@@ -142,7 +143,8 @@ _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 class Backend(NamedTuple):
     """The array operations the hash needs beyond ``^``, ``*``, ``+`` and ``&``.
 
-    ``key(x)``: integer keys as hash words; ``const(c)``: a uint64 constant as a hash word;
+    ``key(x, like=None)``: integer keys as hash words (on ``like``'s device); ``const(c)``: a
+    uint64 constant as a hash word;
     ``shift(z, s, out)``: ``z >> s`` into ``out`` (arithmetic or logical: the caller masks);
     ``empty_like``; ``unit(h)``: the top 53 bits of ``h`` as float64 (exact);
     ``clip_below_one(u)``: ``u`` with 1.0 moved to the largest float64 below 1, in place;
@@ -160,7 +162,7 @@ class Backend(NamedTuple):
 
 
 NUMPY = Backend(
-    key=lambda x: np.array(x, dtype=np.uint64, ndmin=1),
+    key=lambda x, like=None: np.array(x, dtype=np.uint64, ndmin=1),
     const=np.uint64,
     shift=lambda z, s, out: np.right_shift(z, np.uint64(s), out=out),
     empty_like=np.empty_like,
@@ -185,7 +187,8 @@ def torch_backend() -> Backend:
         return (h >> 11).bitwise_and_((1 << 53) - 1).to(torch.float64)
 
     return Backend(
-        key=lambda x: torch.as_tensor(x, dtype=torch.int64),
+        key=lambda x, like=None: torch.as_tensor(
+            x, dtype=torch.int64, device=None if like is None else like.device),
         const=_signed,
         shift=lambda z, s, out: torch.bitwise_right_shift(z, s, out=out),
         empty_like=torch.empty_like,
@@ -209,13 +212,24 @@ def mix(z, xp: Backend):
     return z
 
 
-def hash_prefix(seed, position, stream: int, xp: Backend):
-    """``m(m(m(s + g) ^ (t + g)) ^ (c + g))``: the hash of a key without its counter
-    (broadcast shape of ``seed`` and ``position``)."""
+def _seed_position(seed, position, xp: Backend):
+    """``m(m(s + g) ^ (t + g))``: the stages of a key every stream shares."""
     g = xp.const(GOLDEN)
-    h = mix(xp.key(seed) + g, xp)
-    h = mix(h ^ (xp.key(position) + g), xp)
-    return mix(h ^ (xp.key(stream) + g), xp)
+    return mix(mix(xp.key(seed) + g, xp) ^ (xp.key(position) + g), xp)
+
+
+def hash_prefix(seed, position, stream, xp: Backend):
+    """``m(m(m(s + g) ^ (t + g)) ^ (c + g))``: the hash of a key without its counter
+    (broadcast shape of ``seed``, ``position`` and ``stream``)."""
+    return mix(_seed_position(seed, position, xp) ^ (xp.key(stream) + xp.const(GOLDEN)), xp)
+
+
+def stream_prefixes(seed, position, streams, xp: Backend = NUMPY):
+    """:func:`hash_prefix` for each stream of ``streams`` (a 1-D array of ids),
+    ``[..., len(streams)]`` over the broadcast shape of ``seed`` and ``position``, whose stages
+    are hashed once for all."""
+    h = _seed_position(seed, position, xp)[..., None]
+    return mix(h ^ (xp.key(streams, h) + xp.const(GOLDEN)), xp)
 
 
 def keyed_hash(seed, position, stream: int, counter, xp: Backend = NUMPY):
@@ -266,14 +280,9 @@ def noise_gap(a, b) -> float:
 
 
 def gumbel_prefixes(seed, position, xp: Backend = NUMPY):
-    """The hashes of the Gumbel streams' keys without their counters, ``(tokens', blocks')``
-    (``hash_prefix`` at ``STREAM_GUMBEL`` and ``STREAM_GUMBEL_BLOCK``), each of the broadcast
-    shape of ``seed`` and ``position`` plus a trailing axis of 1; the (seed, position) stages
-    are hashed once for both."""
-    g = xp.const(GOLDEN)
-    h = mix(mix(xp.key(seed) + g, xp) ^ (xp.key(position) + g), xp)[..., None]
-    streams = xp.key([STREAM_GUMBEL, STREAM_GUMBEL_BLOCK]) + g
-    both = mix(h ^ streams, xp)                                        # [..., 2]
+    """The prefixes (:func:`stream_prefixes`) of the tokens' and the blocks' Gumbel streams,
+    ``(STREAM_GUMBEL, STREAM_GUMBEL_BLOCK)``, each with a trailing axis of 1."""
+    both = stream_prefixes(seed, position, [STREAM_GUMBEL, STREAM_GUMBEL_BLOCK], xp)
     return both[..., :1], both[..., 1:]
 
 

@@ -80,13 +80,10 @@ def call_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int,
     small tensor operations, not twice that).
     """
     xp = keyed.torch_backend()
-    s = _as_key(seeds, "seeds", None).reshape(-1, 1)
-    t = _as_key(positions, "positions", s.device).reshape(-1, 1)
-    s, t = torch.broadcast_tensors(s, t)
-    gold = xp.const(keyed.GOLDEN)
+    s = _as_key(seeds, "seeds", None).reshape(-1)
+    t = _as_key(positions, "positions", s.device).reshape(-1)
     streams, counters = _call_keys(g, k, s.device)
-    h = keyed.mix(keyed.mix(s + gold, xp) ^ (t + gold), xp)
-    h = keyed.mix(h ^ streams, xp)  # [B, 2]: the two streams' prefixes
+    h = keyed.stream_prefixes(s, t, streams, xp)  # [B, 2]: the two streams' prefixes
     B, n = h.shape[0], g * k
     prefix = torch.cat([h[:, :1].expand(B, n), h[:, 1:].expand(B, g + 1)], 1)
     u = keyed.to_unit(keyed.mix(prefix ^ counters, xp), xp)
@@ -95,15 +92,16 @@ def call_uniforms(seeds: torch.Tensor, positions: torch.Tensor, g: int,
 
 @functools.lru_cache(maxsize=64)
 def _call_keys(g: int, k: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """The stream and counter words of :func:`call_uniforms` (``key + GOLDEN``), read only:
-    ``[1, 2]`` (accept, sample) and ``[g k + g + 1]`` (the coins' counters, then the draws')."""
+    """The streams of :func:`call_uniforms` and its counter words (``key + GOLDEN``), read
+    only: ``[2]`` (accept, sample) and ``[g k + g + 1]`` (the coins' counters, then the
+    draws')."""
     gold = keyed.torch_backend().const(keyed.GOLDEN)
-    streams = torch.tensor([[STREAM_ACCEPT, STREAM_SAMPLE]], dtype=torch.int64, device=device)
+    streams = torch.tensor([STREAM_ACCEPT, STREAM_SAMPLE], dtype=torch.int64, device=device)
     i = torch.arange(g, device=device, dtype=torch.int64).unsqueeze(1)
     j = torch.arange(k, device=device, dtype=torch.int64)
     counters = torch.cat([(i * MAX_DRAFTS + j).flatten(),
                           torch.arange(g + 1, device=device, dtype=torch.int64)])
-    return streams + gold, counters + gold
+    return streams, counters + gold
 
 
 @functools.lru_cache(maxsize=8)
